@@ -1,0 +1,63 @@
+"""Fields every training config has; each experiment's config starts from these."""
+
+import ml_collections
+
+from research.errors import UserError
+
+
+def training_defaults() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.experiment = "train"  # research.train; standalone experiments name their module instead
+  c.seed = 0  # parameters, data order and augmentation are all functions of (seed, step)
+
+  # Data.
+  c.dataset = "cifar10"  # "cifar10" or "synthetic"
+  c.data_dir = ""  # archive / cifar-10-batches-py / TFDS data dir; "" = cache, then download
+  c.data_fallback = True  # no data and no network: train on synthetic data (said loudly)
+  c.synthetic_train_size = 50_000  # examples, for dataset="synthetic"
+  c.synthetic_test_size = 10_000
+  c.synthetic_noise = 0.6  # per-pixel noise std, in units of the [0, 1] pixel range
+
+  # Batches and length. batch_size is GLOBAL: split evenly over all devices.
+  c.batch_size = 256
+  c.eval_batch_size = 1000  # global; the test split is padded and masked, never truncated
+  c.num_epochs = 1
+  c.num_train_steps = -1  # > 0 overrides num_epochs
+
+  # Augmentation, run on device: op names from research/augment.py joined by "|".
+  c.augment = "crop(4)|flip_lr|standardize"
+  c.eval_preprocess = "standardize"  # deterministic ops only
+
+  # Optimizer (optax).
+  c.optimizer = "sgd"  # "sgd", "adam" or "rmsprop"
+  c.learning_rate = 0.1  # peak, at the global batch lr_batch_size
+  c.lr_batch_size = 256  # lr scales linearly with batch_size / lr_batch_size; 0 = no scaling
+  c.schedule = "cosine"  # "cosine", "constant", "inverse_time", "exponential"
+  c.warmup_epochs = 0.0
+  c.lr_decay = 0.0  # inverse_time: lr / (1 + lr_decay * step), Keras' legacy `decay`
+  c.lr_decay_rate = 0.94  # exponential: multiply by this every lr_decay_epochs (staircase)
+  c.lr_decay_epochs = 2.0
+  c.momentum = 0.9  # sgd momentum; rmsprop momentum
+  c.nesterov = True
+  c.rms_decay = 0.9  # rmsprop: decay of the squared-gradient average
+  c.rms_eps = 1e-7
+  c.rms_eps_in_sqrt = False  # False as Keras 2 (g / (sqrt(v) + eps)); True as TF's RMSProp
+  c.weight_decay = 0.0  # L2 on conv/dense kernels only, added to the gradient
+  c.grad_clip_norm = 0.0  # clip the global gradient norm; 0 = off
+  c.label_smoothing = 0.0
+  c.aux_loss_weight = 0.4  # weight of an auxiliary head's loss (Inception); unused otherwise
+
+  # Logging and evaluation.
+  c.log_every_steps = 50  # one device→host transfer of metrics per this many steps
+  c.eval_every_steps = 0  # 0 = evaluate at the end only (an eval is always written then)
+  c.checkpoint_every_steps = 1000  # 0 = only at the end
+  c.keep_checkpoints = 3
+  return c
+
+
+def apply_variant(config: ml_collections.ConfigDict, arg: str | None, variants: dict) -> None:
+  """Applies `arg` ("smoke", or several joined by ",") from `variants` {name: fn(config)}."""
+  for name in filter(None, (arg or "").split(",")):
+    if name not in variants:
+      raise UserError(f"unknown config variant {name!r}; choose from: {', '.join(variants)}")
+    variants[name](config)

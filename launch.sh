@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# ./launch.sh CONFIG[:variant] [--workdir=DIR] [--config.FIELD=VALUE ...]   train / run an experiment
+# ./launch.sh test [PYTEST_ARGS ...]                                         lint + the test suite
+#
+# On first use this creates .venv and installs the project from pyproject.toml (with the
+# cuda12 extra when `nvidia-smi` finds a GPU); later runs reuse it and start in seconds.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+PYTHON=${PYTHON:-python3}
+VENV=.venv
+
+setup_venv() {  # $1: the extras to install, e.g. "test" or "cuda12"
+  local extras=$1
+  local stamp="$VENV/.installed-$(cat pyproject.toml | sha256sum | cut -c1-16)-${extras//,/-}"
+  [[ -f $stamp ]] && return
+  echo "setting up $VENV (extras: ${extras:-none}); this happens once ..." >&2
+  [[ -x $VENV/bin/python ]] || "$PYTHON" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install --quiet --upgrade pip 2>&1 | grep -v "^WARNING: Location" >&2 || true
+  "$VENV/bin/python" -m pip install --quiet -e ".[${extras}]" 2>&1 \
+    | grep -v -e "^WARNING: Location" -e "editable" >&2 || true
+  "$VENV/bin/python" -c "import research, jax, flax, optax" \
+    || { echo "error: installing the project into $VENV failed (see pip's output above)" >&2; exit 1; }
+  rm -f "$VENV"/.installed-*
+  touch "$stamp"
+}
+
+if [[ $# -lt 1 || $1 == -h || $1 == --help ]]; then
+  sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'
+  exit 1
+fi
+
+if [[ $1 == test ]]; then
+  shift
+  setup_venv test
+  export XLA_FLAGS="--xla_force_host_platform_device_count=8" JAX_PLATFORMS=cpu
+  "$VENV/bin/ruff" check .
+  "$VENV/bin/ruff" format --check .
+  exec "$VENV/bin/python" -m pytest "$@"
+fi
+
+extras=test
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  extras=test,cuda12
+fi
+setup_venv "$extras"
+
+config=$1
+shift
+exec "$VENV/bin/python" -m research.main --config="$config" "$@"

@@ -1,0 +1,71 @@
+"""Loads `configs/x.py[:variant]` and applies `--config.FIELD=VALUE` overrides, with user errors.
+
+We parse overrides ourselves rather than through absl's config_flags so that every mistake
+(missing file, unknown field, unparsable value) is one `error:` line that says what to do.
+"""
+
+import ast
+import difflib
+import importlib.util
+from pathlib import Path
+
+import ml_collections
+
+from research.errors import UserError
+
+
+def load(spec: str) -> ml_collections.ConfigDict:
+  """`spec` is `path/to/config.py` or `path/to/config.py:variant`."""
+  path, _, arg = spec.partition(":")
+  if not Path(path).is_file():
+    near = sorted(str(p) for p in Path("configs").glob("*.py") if not p.name.startswith("_"))
+    raise UserError(f"config file {path} not found; configs here: {', '.join(near)}")
+  module_spec = importlib.util.spec_from_file_location(f"_config_{Path(path).stem}", path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(arg or None)
+
+
+def _fields(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
+  names = []
+  for key, value in config.items():
+    names.append(prefix + key)
+    if isinstance(value, ml_collections.ConfigDict):
+      names += _fields(value, f"{prefix}{key}.")
+  return names
+
+
+def _parse_value(text: str, current):
+  """Parses `text` as the type of the field's current value."""
+  if isinstance(current, str):
+    return text
+  try:
+    value = ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    raise ValueError(f"cannot parse {text!r} as a {type(current).__name__}") from None
+  if isinstance(current, bool) and not isinstance(value, bool):
+    raise ValueError(f"{text!r} is not True or False")
+  if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
+    value = float(value)
+  if isinstance(current, tuple) and isinstance(value, list):
+    value = tuple(value)
+  if current is not None and not isinstance(value, type(current)):
+    raise ValueError(f"{text!r} is a {type(value).__name__}, not a {type(current).__name__}")
+  return value
+
+
+def override(config: ml_collections.ConfigDict, field: str, text: str) -> None:
+  """Sets `config.<field>` (dotted) from its command-line text."""
+  fields = _fields(config)
+  if field not in fields:
+    near = difflib.get_close_matches(field, fields, n=3, cutoff=0.6)
+    hint = f"did you mean {', '.join(near)}?" if near else "see the config file for its fields"
+    raise UserError(f"config has no field {field!r}; {hint}")
+  *parents, leaf = field.split(".")
+  node = config
+  for name in parents:
+    node = node[name]
+  try:
+    node[leaf] = _parse_value(text, node[leaf])
+  except ValueError as e:
+    raise UserError(f"--config.{field}: {e}") from None

@@ -1,0 +1,79 @@
+"""Entry point: loads a config, prepares the workdir and runs the experiment it selects.
+
+  python -m research.main --config=configs/cifar_vgg.py[:variant] [--workdir=DIR]
+      [--config.FIELD=VALUE ...] [--allow_config_change]
+
+`./launch.sh CONFIG ...` sets up the environment and calls this.
+"""
+
+import argparse
+import importlib
+import sys
+import time
+from pathlib import Path
+
+from research import configuration
+from research import workdir as workdir_lib
+from research.errors import UserError
+
+
+def parse_args(argv: list[str]):
+  parser = argparse.ArgumentParser(prog="research.main", description=__doc__)
+  parser.add_argument("--config", required=True, help="configs/NAME.py[:variant]")
+  parser.add_argument("--workdir", default="", help="default: a new directory under runs/")
+  parser.add_argument(
+    "--allow_config_change",
+    action="store_true",
+    help="resume into a workdir whose config.json differs in fields that change the run",
+  )
+  args, rest = parser.parse_known_args(argv)
+  overrides = []
+  for item in rest:
+    field, sep, value = item.removeprefix("--config.").partition("=")
+    if not item.startswith("--config.") or not sep:
+      raise UserError(f"unknown argument {item!r}; expected --config.FIELD=VALUE")
+    overrides.append((field, value))
+  return args, overrides
+
+
+def default_workdir(spec: str) -> Path:
+  path, _, variant = spec.partition(":")
+  name = Path(path).stem + (f"-{variant.replace(',', '-')}" if variant else "")
+  return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def run(argv: list[str]) -> None:
+  args, overrides = parse_args(argv)
+  config = configuration.load(args.config)
+  for field, value in overrides:
+    configuration.override(config, field, value)
+  workdir = Path(args.workdir).expanduser() if args.workdir else default_workdir(args.config)
+  workdir_lib.check_resumable(workdir, config, args.allow_config_change)
+  if config.experiment == "train":
+    from research.train import train_and_evaluate  # imports JAX: after the cheap checks
+
+    train_and_evaluate(config, str(workdir))  # validates, then prepares the workdir
+    return
+  experiments = [p.stem for p in Path(__file__).parent.glob("experiments/[!_]*.py")]
+  if config.experiment not in experiments:
+    raise UserError(
+      f"experiment={config.experiment!r} is unknown; use 'train' or one of {experiments}"
+    )
+  workdir_lib.prepare(workdir, config)
+  importlib.import_module(f"research.experiments.{config.experiment}").run(config, str(workdir))
+
+
+def main() -> int:
+  try:
+    run(sys.argv[1:])
+  except UserError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  except KeyboardInterrupt:
+    print("\ninterrupted", file=sys.stderr)
+    return 130
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,30 @@
+"""Models are found by name: `config.model.name = 'vgg'` loads `research/models/vgg.py`.
+
+Each model module defines `create(model_config, axis_name) -> flax.linen.Module`. The module
+is called as `model.apply(variables, images, train=...)` on float images [batch, H, W, C]
+and returns logits [batch, num_classes] (Inception-v3 in training returns
+`(logits, aux_logits)`). `axis_name` is given to BatchNorm so statistics are averaged across
+replicas; it is None outside pmap.
+"""
+
+import importlib
+import pkgutil
+
+import flax.linen as nn
+import ml_collections
+
+from research.errors import UserError
+
+
+def available() -> list[str]:
+  return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+
+
+def create(model_config: ml_collections.ConfigDict, axis_name: str | None) -> nn.Module:
+  """Imports research.models.<model_config.name> and builds its module."""
+  if model_config.name not in available():
+    raise UserError(
+      f"model.name={model_config.name!r} is not a model; available: {', '.join(available())}"
+    )
+  module = importlib.import_module(f"research.models.{model_config.name}")
+  return module.create(model_config, axis_name)

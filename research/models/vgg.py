@@ -1,0 +1,63 @@
+"""VGG for 32×32 images (CIFAR): 3×3 conv → BatchNorm → ReLU stages, max-pooled, one linear head.
+
+model_config fields: `depth` (11, 13, 16 or 19: the VGG paper's configurations A, B, D, E),
+`width` (multiplies every conv's channels; 1.0 = 64…512), `num_classes`, `dtype`
+('float32' or 'bfloat16' compute; params and BatchNorm statistics stay float32).
+"""
+
+import functools
+
+import flax.linen as nn
+import jax.numpy as jnp
+import ml_collections
+
+from research.errors import UserError
+
+# Channels per conv; "M" is a 2×2 max-pool. Five pools take 32×32 down to 1×1.
+STAGES = {
+  11: [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"],
+  13: [64, 64, "M", 128, 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"],
+  16: [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"],
+  19: [64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M"]
+  + [512, 512, 512, 512, "M", 512, 512, 512, 512, "M"],
+}
+
+
+class VGG(nn.Module):
+  depth: int
+  width: float
+  num_classes: int
+  axis_name: str | None = None
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, train: bool):
+    norm = functools.partial(
+      nn.BatchNorm,
+      use_running_average=not train,
+      momentum=0.9,
+      epsilon=1e-5,
+      axis_name=self.axis_name,  # batch statistics are averaged over all replicas
+      dtype=self.dtype,
+    )
+    x = x.astype(self.dtype)
+    for layer in STAGES[self.depth]:
+      if layer == "M":
+        x = nn.max_pool(x, (2, 2), strides=(2, 2))
+      else:
+        x = nn.Conv(max(1, round(layer * self.width)), (3, 3), use_bias=False, dtype=self.dtype)(x)
+        x = nn.relu(norm()(x))
+    x = x.reshape((x.shape[0], -1))  # [batch, channels]
+    return nn.Dense(self.num_classes, dtype=self.dtype)(x)
+
+
+def create(model_config: ml_collections.ConfigDict, axis_name: str | None) -> nn.Module:
+  if model_config.depth not in STAGES:
+    raise UserError(f"model.depth={model_config.depth} is not one of {sorted(STAGES)}")
+  return VGG(
+    depth=model_config.depth,
+    width=model_config.width,
+    num_classes=model_config.num_classes,
+    axis_name=axis_name,
+    dtype=jnp.dtype(model_config.dtype),
+  )

@@ -1,0 +1,359 @@
+"""Data-parallel training: a train step written for ONE device, pmapped over all local devices.
+
+The dataset is uploaded once as uint8, sharded over the devices. Each step, on every device:
+take this step's indices from a per-epoch permutation of the local shard, gather the batch,
+augment it with the device's own random stream, run the model, average the gradients over
+all devices (`lax.pmean`) and apply the optax update. The host only dispatches steps and
+fetches metrics every `log_every_steps`.
+"""
+
+import functools
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from flax.training import train_state
+from jax import lax
+
+from research import augment as augment_lib
+from research import checkpoint, models, optim
+from research import workdir as workdir_lib
+from research.data import ImageDataset
+from research.data.load import load_in_memory
+from research.errors import UserError
+from research.metrics import MetricsLog
+
+AXIS = "devices"  # the one pmap axis: every lax.pmean/psum and every BatchNorm names it
+
+
+class TrainState(train_state.TrainState):
+  batch_stats: Any  # BatchNorm running statistics; identical on every replica
+
+
+def cross_entropy(logits, labels, num_classes: int, label_smoothing: float):
+  """Mean softmax cross-entropy in float32, with optional label smoothing."""
+  targets = optax.smooth_labels(jax.nn.one_hot(labels, num_classes), label_smoothing)
+  return optax.softmax_cross_entropy(logits.astype(jnp.float32), targets).mean()
+
+
+def train_step(
+  state, images_u8, labels, rng, *, augment, num_classes, label_smoothing, aux_loss_weight
+):
+  """One optimizer step on this device's part of the global batch.
+
+  Args:
+    images_u8: [per_device_batch, H, W, C] uint8.
+    labels: [per_device_batch] int32.
+    rng: the step's key, the same on every device; each device folds in its index.
+  """
+  rng = jax.random.fold_in(rng, lax.axis_index(AXIS))
+  augment_rng, dropout_rng = jax.random.split(rng)
+  images = augment(augment_rng, images_u8)  # [per_device_batch, H, W, C] float32
+
+  def loss_fn(params):
+    outputs, updates = state.apply_fn(
+      {"params": params, "batch_stats": state.batch_stats},
+      images,
+      train=True,
+      rngs={"dropout": dropout_rng},
+      mutable=["batch_stats"],
+    )
+    logits, aux_logits = outputs if isinstance(outputs, tuple) else (outputs, None)
+    loss = cross_entropy(logits, labels, num_classes, label_smoothing)
+    if aux_logits is not None:  # Inception's auxiliary head
+      loss += aux_loss_weight * cross_entropy(aux_logits, labels, num_classes, label_smoothing)
+    return loss, (logits, updates.get("batch_stats", {}))
+
+  (loss, (logits, batch_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+  # Every device gets the gradient of the mean loss over the GLOBAL batch. BatchNorm already
+  # reduced its statistics over AXIS, so batch_stats agree on every device without a pmean.
+  grads = lax.pmean(grads, AXIS)
+  metrics = lax.pmean({"loss": loss, "accuracy": jnp.mean(logits.argmax(-1) == labels)}, AXIS)
+  new_state = state.apply_gradients(grads=grads, batch_stats=batch_stats)
+  metrics["grad_norm"] = optax.tree.norm(grads)
+  metrics["param_norm"] = optax.tree.norm(new_state.params)
+  return new_state, metrics
+
+
+def batch_indices(step, shuffle_key, shard_size: int, per_device_batch: int):
+  """This step's positions in the local shard: a slice of the epoch's permutation."""
+  steps_per_epoch = shard_size // per_device_batch
+  epoch, index_in_epoch = jnp.divmod(step, steps_per_epoch)
+  permutation = jax.random.permutation(jax.random.fold_in(shuffle_key, epoch), shard_size)
+  return lax.dynamic_slice_in_dim(permutation, index_in_epoch * per_device_batch, per_device_batch)
+
+
+def resident_train_step(state, shard, *, shuffle_key, step_key, per_device_batch, **kwargs):
+  """`train_step` on a batch gathered from the device-resident shard (uint8, never leaves)."""
+  images_u8, labels = shard  # [shard_size, H, W, C], [shard_size]
+  idx = batch_indices(state.step, shuffle_key, labels.shape[0], per_device_batch)
+  rng = jax.random.fold_in(step_key, state.step)
+  return train_step(state, images_u8[idx], labels[idx], rng, **kwargs)
+
+
+def resident_eval(state, shard, *, preprocess, per_device_batch, num_classes):
+  """Sums of loss, correct predictions and examples over the whole (padded) test shard."""
+  images_u8, labels, mask = shard  # [num_batches * per_device_batch, ...]
+
+  def one_batch(totals, start):
+    take = lambda x: lax.dynamic_slice_in_dim(x, start, per_device_batch)
+    images = preprocess(jax.random.key(0), take(images_u8))  # deterministic ops only
+    logits = state.apply_fn(
+      {"params": state.params, "batch_stats": state.batch_stats}, images, train=False
+    ).astype(jnp.float32)
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, take(labels))
+    valid = take(mask)
+    batch = {
+      "loss_sum": jnp.sum(losses * valid),
+      "correct": jnp.sum((logits.argmax(-1) == take(labels)) * valid),
+      "count": jnp.sum(valid),
+    }
+    return jax.tree.map(jnp.add, totals, batch), None
+
+  zeros = {"loss_sum": 0.0, "correct": 0.0, "count": 0.0}
+  starts = jnp.arange(0, labels.shape[0], per_device_batch)
+  totals, _ = lax.scan(one_batch, jax.tree.map(jnp.float32, zeros), starts)
+  return lax.psum(totals, AXIS)
+
+
+def _pmap_sharding(devices=None):
+  mesh = jax.sharding.Mesh(np.array(devices or jax.local_devices()), (AXIS,))
+  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(AXIS))
+
+
+def upload_shards(arrays, per_device: int):
+  """Puts this process's blocks of `arrays` on its devices: [local_devices, per_device, ...]."""
+  n_local = jax.local_device_count()
+  start = jax.process_index() * n_local * per_device
+  sharding = _pmap_sharding()
+  return tuple(
+    jax.device_put(
+      a[start : start + n_local * per_device].reshape(n_local, per_device, *a.shape[1:]), sharding
+    )
+    for a in arrays
+  )
+
+
+def pad_for_eval(images, labels, global_batch: int):
+  """Pads the test split to whole global batches; the mask marks the real examples."""
+  n = len(labels)
+  padded = -(-n // global_batch) * global_batch
+  pad = lambda a: np.concatenate([a, np.zeros((padded - n, *a.shape[1:]), a.dtype)])
+  return pad(images), pad(labels), (np.arange(padded) < n).astype(np.float32)
+
+
+def replicate(tree, devices=None):
+  """One copy per device (default: all local ones), laid out as pmap expects: [devices, ...]."""
+  devices = devices or jax.local_devices()
+  sharding = _pmap_sharding(devices)
+  return jax.tree.map(
+    lambda x: jax.device_put(np.broadcast_to(x, (len(devices), *np.shape(x))), sharding), tree
+  )
+
+
+def first_replica(tree):
+  """The copy on this process's first device, fetched to host (no cross-device gather)."""
+  return jax.tree.map(lambda x: np.asarray(x.addressable_shards[0].data)[0], tree)
+
+
+def create_train_state(rng, config, model, image_shape, tx) -> TrainState:
+  variables = jax.jit(functools.partial(model.init, train=False))(
+    rng, jnp.zeros((1, *image_shape), jnp.float32)
+  )
+  state = TrainState.create(
+    apply_fn=model.apply,
+    params=variables["params"],
+    batch_stats=variables.get("batch_stats", {}),
+    tx=tx,
+  )
+  return jax.device_get(state)
+
+
+def check_batch_sizes(config, n_devices: int) -> int:
+  """Returns the per-device batch, or a user error before anything is loaded or compiled."""
+  for field in ("batch_size", "eval_batch_size"):
+    value = config[field]
+    if value <= 0 or value % n_devices:
+      below, above = value // n_devices * n_devices, (value // n_devices + 1) * n_devices
+      raise UserError(
+        f"{field}={value} is not divisible by the {n_devices} devices; "
+        f"use a multiple of {n_devices} (e.g. {below or above} or {above})"
+      )
+  return config.batch_size // n_devices
+
+
+def _banner(text: str) -> str:
+  line = "!" * 100
+  return f"\n{line}\n{text}\n{line}\n"
+
+
+def _write_metadata(workdir: Path, config, data: ImageDataset, enabled: bool) -> None:
+  if not enabled:
+    return
+  meta = {
+    "time": time.time(),
+    "jax_version": jax.__version__,
+    "flax_version": flax.__version__,
+    "backend": jax.default_backend(),
+    "devices": [str(d) for d in jax.devices()],
+    "device_kind": jax.devices()[0].device_kind,
+    "process_count": jax.process_count(),
+    "dataset_requested": config.dataset,
+    "dataset_used": data.name,
+    "dataset_source": data.source,
+    "fallback_reason": data.fallback_reason,
+  }
+  with open(workdir / "metadata.jsonl", "a") as f:  # one record per launch (resumes append)
+    f.write(json.dumps(meta) + "\n")
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """Trains `config` on all devices, writing logs and checkpoints to `workdir`.
+
+  Returns the final eval record.
+  """
+  workdir = Path(workdir)
+  is_main = jax.process_index() == 0
+  n_devices = jax.device_count()
+  augment = augment_lib.build(config.augment)  # parse errors surface before data loading
+  preprocess = augment_lib.build(config.eval_preprocess)
+  model = models.create(config.model, AXIS)
+
+  per_device_batch = check_batch_sizes(config, n_devices)
+  optim.create_optimizer(config, optim.learning_rate_schedule(config, 1, 1))  # names checked
+
+  data = load_in_memory(config)
+  if data.fallback_reason and is_main:
+    print(_banner(f"NO CIFAR-10: TRAINING ON SYNTHETIC DATA.\n{data.fallback_reason}"), flush=True)
+  shard_size = len(data.train_labels) // n_devices  # the remainder (< n_devices) is not used
+  if shard_size < per_device_batch:
+    raise UserError(
+      f"batch_size={config.batch_size} needs {per_device_batch} examples per device but each "
+      f"of the {n_devices} devices holds {shard_size}; lower batch_size"
+    )
+  steps_per_epoch = shard_size // per_device_batch
+  num_steps = (
+    config.num_train_steps if config.num_train_steps > 0 else (config.num_epochs * steps_per_epoch)
+  )
+
+  schedule = optim.learning_rate_schedule(config, steps_per_epoch, num_steps)
+  tx = optim.create_optimizer(config, schedule)
+  init_key, shuffle_key, step_key = jax.random.split(jax.random.key(config.seed), 3)
+  state = create_train_state(init_key, config, model, data.train_images.shape[1:], tx)
+  workdir_lib.prepare(workdir, config)  # input validated: from here on we write
+  checkpoints = checkpoint.Checkpoints(workdir, config, keep=config.keep_checkpoints)
+  state = checkpoints.restore_latest(state)
+  start_step = int(state.step)
+  _write_metadata(workdir, config, data, is_main)
+
+  n_params = sum(x.size for x in jax.tree.leaves(state.params))
+  if is_main:
+    print(
+      f"{config.model.name}: {n_params:,} parameters | {n_devices} devices "
+      f"({jax.devices()[0].device_kind}) | global batch {config.batch_size} = "
+      f"{per_device_batch} per device | {steps_per_epoch} steps/epoch, {num_steps} steps | "
+      f"data: {data.name} ({data.source})",
+      flush=True,
+    )
+    if start_step:
+      print(f"resuming from the checkpoint at step {start_step}", flush=True)
+
+  step_kwargs = dict(
+    augment=augment,
+    num_classes=data.num_classes,
+    label_smoothing=config.label_smoothing,
+    aux_loss_weight=config.aux_loss_weight,
+  )
+  p_train_step = jax.pmap(
+    functools.partial(
+      resident_train_step,
+      shuffle_key=shuffle_key,
+      step_key=step_key,
+      per_device_batch=per_device_batch,
+      **step_kwargs,
+    ),
+    axis_name=AXIS,
+    donate_argnums=(0,),
+  )
+  p_eval = jax.pmap(
+    functools.partial(
+      resident_eval,
+      preprocess=preprocess,
+      per_device_batch=config.eval_batch_size // n_devices,
+      num_classes=data.num_classes,
+    ),
+    axis_name=AXIS,
+  )
+  train_shard = upload_shards((data.train_images, data.train_labels), shard_size)
+  test = pad_for_eval(data.test_images, data.test_labels, config.eval_batch_size)
+  test_shard = upload_shards(test, len(test[1]) // n_devices)
+  rstate = replicate(state)
+  log = MetricsLog(workdir, dataset_used=data.name, enabled=is_main)
+
+  def evaluate(step):
+    totals = first_replica(p_eval(rstate, test_shard))
+    record = {
+      "step": step,
+      "eval_loss": float(totals["loss_sum"] / totals["count"]),
+      "eval_accuracy": float(totals["correct"] / totals["count"]),
+      "eval_examples": int(totals["count"]),
+    }
+    log.eval(record)
+    return record
+
+  compile_start = time.perf_counter()
+  p_train_step = p_train_step.lower(rstate, train_shard).compile()
+  if is_main:
+    print(f"compiled the train step in {time.perf_counter() - compile_start:.1f} s", flush=True)
+
+  pending, input_wait = [], 0.0
+  interval_start = time.perf_counter()
+  for step in range(start_step + 1, num_steps + 1):
+    wait_start = time.perf_counter()
+    inputs = train_shard  # resident: nothing to wait for; streaming inputs block here
+    input_wait += time.perf_counter() - wait_start
+    rstate, metrics = p_train_step(rstate, inputs)
+    pending.append(metrics)
+    if step % config.log_every_steps == 0 or step == num_steps:
+      fetched = [first_replica(m) for m in pending]  # blocks until these steps are done
+      elapsed = time.perf_counter() - interval_start
+      record = {
+        "step": step,
+        "loss": float(np.mean([m["loss"] for m in fetched])),
+        "accuracy": float(np.mean([m["accuracy"] for m in fetched])),
+        "param_norm": float(fetched[-1]["param_norm"]),
+        "grad_norm": float(fetched[-1]["grad_norm"]),
+        "learning_rate": float(schedule(step - 1)),
+        "examples_per_sec": len(fetched) * config.batch_size / elapsed,
+        "sec_per_batch": elapsed / len(fetched),
+        "input_wait_fraction": input_wait / elapsed,
+      }
+      if not (np.isfinite(record["loss"]) and np.isfinite(record["grad_norm"])):
+        raise UserError(
+          f"loss or gradients became NaN/inf by step {step} (loss {record['loss']}); "
+          f"the last good checkpoint is kept in {workdir / 'checkpoints'}; "
+          "lower learning_rate or set grad_clip_norm"
+        )
+      log.train(record)
+      pending, input_wait = [], 0.0
+      interval_start = time.perf_counter()
+    if config.eval_every_steps and step % config.eval_every_steps == 0 and step != num_steps:
+      evaluate(step)
+      interval_start = time.perf_counter()  # eval time is not training time
+    if checkpoints.due(step) and step != num_steps:
+      checkpoints.save(step, first_replica(rstate))
+      interval_start = time.perf_counter()
+
+  final = evaluate(num_steps)
+  checkpoints.save(num_steps, first_replica(rstate))
+  checkpoints.close()
+  if data.fallback_reason and is_main:
+    print(_banner(f"THIS RUN TRAINED ON SYNTHETIC DATA, NOT CIFAR-10.\n{data.fallback_reason}"))
+  return final

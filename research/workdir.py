@@ -1,0 +1,48 @@
+"""The run directory: where a run writes, and the check that a resume continues the same run."""
+
+import json
+from pathlib import Path
+
+import jax
+import ml_collections
+
+from research.errors import UserError
+
+# Fields that may change when a run in an existing workdir is resumed or extended.
+RESUMABLE_FIELDS = {
+  "num_train_steps",
+  "num_epochs",
+  "log_every_steps",
+  "eval_every_steps",
+  "checkpoint_every_steps",
+  "keep_checkpoints",
+  "data_dir",
+  "data_fallback",
+}
+
+
+def check_resumable(workdir: Path, config: ml_collections.ConfigDict, allow_change: bool) -> None:
+  """Refuses to resume into a workdir that holds a different experiment."""
+  saved_path = Path(workdir) / "config.json"
+  if not saved_path.exists():
+    return
+  saved, current = json.loads(saved_path.read_text()), json.loads(config.to_json())
+  changed = sorted(
+    k
+    for k in saved.keys() | current.keys()
+    if k not in RESUMABLE_FIELDS and saved.get(k) != current.get(k)
+  )
+  if changed and not allow_change:
+    raise UserError(
+      f"{workdir} holds a run with a different config ({', '.join(changed)} differ); "
+      "use a new --workdir, or pass --allow_config_change to resume into it anyway"
+    )
+
+
+def prepare(workdir: Path, config: ml_collections.ConfigDict) -> None:
+  """Creates the workdir and records the resolved config; call once the input is validated."""
+  if jax.process_index() != 0:
+    return
+  Path(workdir).mkdir(parents=True, exist_ok=True)
+  (Path(workdir) / "config.json").write_text(config.to_json(indent=2) + "\n")
+  print(f"workdir: {workdir}", flush=True)

@@ -1,0 +1,47 @@
+"""Tests run on CPU with 8 fake XLA devices, set before JAX initialises."""
+
+import os
+
+os.environ["XLA_FLAGS"] = (
+  os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+import io  # noqa: E402
+import pickle  # noqa: E402
+import tarfile  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+BATCHES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+
+
+def cifar_batch(n: int, seed: int) -> tuple[bytes, np.ndarray, np.ndarray]:
+  """One batch file as the official release pickles it: rows of 1024 R, 1024 G, 1024 B."""
+  rng = np.random.default_rng(seed)
+  images = rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
+  labels = rng.integers(0, 10, n).tolist()
+  batch = {
+    b"batch_label": f"batch {seed}".encode(),
+    b"labels": labels,
+    b"data": images.transpose(0, 3, 1, 2).reshape(n, 3072),
+    b"filenames": [f"img_{seed}_{i}.png".encode() for i in range(n)],
+  }
+  return pickle.dumps(batch, protocol=2), images, np.asarray(labels)
+
+
+@pytest.fixture
+def cifar_archive(tmp_path):
+  """A small cifar-10-python.tar.gz (7 images per batch) and the arrays it holds."""
+  path = tmp_path / "cifar-10-python.tar.gz"
+  arrays = {}
+  with tarfile.open(path, "w:gz") as tar:
+    for seed, name in enumerate(BATCHES):
+      raw, images, labels = cifar_batch(7, seed)
+      arrays[name] = (images, labels)
+      info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
+      info.size = len(raw)
+      tar.addfile(info, io.BytesIO(raw))
+  return path, arrays

@@ -1,0 +1,75 @@
+"""CIFAR-10 readers on small data written in the official formats."""
+
+import tarfile
+
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from research.data import cifar10
+from research.errors import UserError
+
+
+def _expected(arrays, names):
+  return (
+    np.concatenate([arrays[n][0] for n in names]),
+    np.concatenate([arrays[n][1] for n in names]),
+  )
+
+
+def test_reads_the_official_tar_gz(cifar_archive):
+  path, arrays = cifar_archive
+  data = cifar10.load_from(str(path))
+  train_images, train_labels = _expected(arrays, cifar10.TRAIN_FILES)
+  np.testing.assert_array_equal(data.train_images, train_images)
+  np.testing.assert_array_equal(data.train_labels, train_labels)
+  np.testing.assert_array_equal(data.test_images, arrays["test_batch"][0])
+  assert data.train_images.shape == (35, 32, 32, 3) and data.train_images.dtype == np.uint8
+  assert data.name == "cifar10" and data.num_classes == 10
+
+
+@pytest.mark.parametrize("point_at", ["batches_dir", "its_parent"])
+def test_reads_the_extracted_batches_directory(cifar_archive, tmp_path, point_at):
+  path, arrays = cifar_archive
+  with tarfile.open(path) as tar:
+    tar.extractall(tmp_path / "extracted", filter="data")
+  root = tmp_path / "extracted"
+  data = cifar10.load_from(str(root / "cifar-10-batches-py" if point_at == "batches_dir" else root))
+  np.testing.assert_array_equal(data.test_labels, arrays["test_batch"][1])
+  assert len(data.train_labels) == 35
+
+
+def test_truncated_archive_is_a_clear_error(cifar_archive, tmp_path):
+  path, _ = cifar_archive
+  truncated = tmp_path / "truncated.tar.gz"
+  truncated.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+  with pytest.raises(UserError, match="corrupt or truncated"):
+    cifar10.load_from(str(truncated))
+
+
+def test_garbage_file_is_a_clear_error(tmp_path):
+  garbage = tmp_path / "cifar-10-python.tar.gz"
+  garbage.write_bytes(b"not a tarball" * 100)
+  with pytest.raises(UserError, match="corrupt or truncated"):
+    cifar10.load_from(str(garbage))
+
+
+def test_missing_data_dir_names_the_ways_to_supply_data(tmp_path):
+  with pytest.raises(UserError, match="does not exist.*cifar-10-python.tar.gz"):
+    cifar10.load_from(str(tmp_path / "nowhere"))
+
+
+def test_reads_a_prepared_tfds_dataset_through_data_source(tmp_path):
+  (tmp_path / "cifar10").mkdir()  # what a prepared TFDS data dir looks like from outside
+  with tfds.testing.mock_data(num_examples=12):
+    data = cifar10.load_from(str(tmp_path))
+  assert data.train_images.shape == (12, 32, 32, 3) and data.train_images.dtype == np.uint8
+  assert data.test_labels.shape == (12,) and data.source.startswith("tfds:")
+
+
+def test_download_failure_is_reported_as_not_available(tmp_path, monkeypatch):
+  monkeypatch.setattr(cifar10, "CACHE", tmp_path)
+  monkeypatch.setattr(cifar10, "URL", "file:///nonexistent/cifar-10-python.tar.gz")
+  with pytest.raises(cifar10.NotAvailable, match="download failed"):
+    cifar10.load_cached()
+  assert not list(tmp_path.iterdir())  # no partial file left behind

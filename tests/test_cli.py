@@ -1,0 +1,99 @@
+"""Bad input: one `error:` line, non-zero exit, nothing in the workdir overwritten."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def _run(args, tmp_path, **env):
+  result = subprocess.run(
+    [sys.executable, "-m", "research.main", *args],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env={**os.environ, **env},
+  )
+  return result
+
+
+def _single_error_line(result) -> str:
+  lines = [line for line in result.stderr.splitlines() if "Warning" not in line and line.strip()]
+  assert result.returncode != 0
+  assert lines and lines[-1].startswith("error: "), result.stderr
+  assert "Traceback" not in result.stderr
+  return lines[-1]
+
+
+SMOKE = "configs/cifar_vgg.py:smoke"
+
+
+@pytest.fixture
+def workdir(tmp_path):
+  """An existing run directory whose files must survive a bad command."""
+  path = tmp_path / "run"
+  path.mkdir()
+  (path / "metrics.jsonl").write_text('{"step": 1}\n')
+  return path
+
+
+def _untouched(workdir):
+  return sorted(p.name for p in workdir.iterdir()) == ["metrics.jsonl"]
+
+
+def test_unknown_config_field_suggests_near_names(tmp_path, workdir):
+  args = ["--config", SMOKE, f"--workdir={workdir}", "--config.batchsize=64"]
+  line = _single_error_line(_run(args, tmp_path))
+  assert "batchsize" in line and "batch_size" in line
+  assert _untouched(workdir)
+
+
+def test_batch_size_not_divisible_by_devices(tmp_path, workdir):
+  args = ["--config", SMOKE, f"--workdir={workdir}", "--config.batch_size=100"]
+  line = _single_error_line(_run(args, tmp_path))
+  assert "batch_size=100 is not divisible by the 8 devices" in line
+  assert _untouched(workdir)
+
+
+def test_config_file_not_found(tmp_path):
+  line = _single_error_line(_run(["--config", "configs/nope.py"], tmp_path))
+  assert "configs/nope.py not found" in line and "configs/cifar_vgg.py" in line
+
+
+def test_bad_value_type(tmp_path):
+  line = _single_error_line(_run(["--config", SMOKE, "--config.batch_size=lots"], tmp_path))
+  assert "--config.batch_size" in line
+
+
+def test_dataset_not_found_offline_without_fallback(tmp_path, workdir):
+  args = [
+    "--config",
+    SMOKE,
+    f"--workdir={workdir}",
+    "--config.dataset=cifar10",
+    "--config.data_fallback=False",
+  ]
+  env = dict(
+    RESEARCH_DATA_CACHE=str(tmp_path / "cache"),
+    RESEARCH_CIFAR10_URL="file:///nonexistent/cifar-10-python.tar.gz",
+    HOME=str(tmp_path),
+  )
+  line = _single_error_line(_run(args, tmp_path, **env))
+  assert "CIFAR-10 not found offline" in line and "--config.data_dir" in line
+  assert _untouched(workdir)
+
+
+def test_corrupt_archive(tmp_path, workdir):
+  garbage = tmp_path / "cifar-10-python.tar.gz"
+  garbage.write_bytes(b"\x1f\x8b" + b"junk" * 1000)
+  args = ["--config", SMOKE, f"--workdir={workdir}", "--config.dataset=cifar10"]
+  line = _single_error_line(_run([*args, f"--config.data_dir={garbage}"], tmp_path))
+  assert "corrupt or truncated" in line
+  assert _untouched(workdir)
+
+
+def test_different_experiment_in_existing_workdir_is_refused(tmp_path, workdir):
+  (workdir / "config.json").write_text('{"batch_size": 8, "model": {"name": "vgg"}}')
+  line = _single_error_line(_run(["--config", SMOKE, f"--workdir={workdir}"], tmp_path))
+  assert "different config" in line and "--allow_config_change" in line
