@@ -12,15 +12,16 @@ VENV=.venv
 
 setup_venv() {  # $1: the extras to install, e.g. "test" or "cuda12"
   local extras=$1
-  local stamp="$VENV/.installed-$(cat pyproject.toml | sha256sum | cut -c1-16)-${extras//,/-}"
+  local stamp="$VENV/.installed-$(sha256sum <pyproject.toml | cut -c1-16)-${extras//,/-}"
   [[ -f $stamp ]] && return
   echo "setting up $VENV (extras: ${extras:-none}); this happens once ..." >&2
   [[ -x $VENV/bin/python ]] || "$PYTHON" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install --quiet --upgrade pip 2>&1 | grep -v "^WARNING: Location" >&2 || true
-  "$VENV/bin/python" -m pip install --quiet -e ".[${extras}]" 2>&1 \
-    | grep -v -e "^WARNING: Location" -e "editable" >&2 || true
-  "$VENV/bin/python" -c "import research, jax, flax, optax" \
-    || { echo "error: installing the project into $VENV failed (see pip's output above)" >&2; exit 1; }
+  if ! { "$VENV/bin/python" -m pip install --upgrade pip \
+      && "$VENV/bin/python" -m pip install -e ".[${extras}]"; } >"$VENV/install.log" 2>&1; then
+    tail -n 20 "$VENV/install.log" >&2
+    echo "error: installing the project into $VENV failed; the full log is $VENV/install.log" >&2
+    exit 1
+  fi
   rm -f "$VENV"/.installed-*
   touch "$stamp"
 }

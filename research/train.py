@@ -321,7 +321,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     input_wait += time.perf_counter() - wait_start
     rstate, metrics = p_train_step(rstate, inputs)
     pending.append(metrics)
-    if step % config.log_every_steps == 0 or step == num_steps:
+    # The first step is logged too (as the TF scripts did): feedback before a slow interval.
+    if step % config.log_every_steps == 0 or step in (start_step + 1, num_steps):
       fetched = [first_replica(m) for m in pending]  # blocks until these steps are done
       elapsed = time.perf_counter() - interval_start
       record = {
