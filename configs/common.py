@@ -52,6 +52,7 @@ def training_defaults() -> ml_collections.ConfigDict:
   c.eval_every_steps = 0  # 0 = evaluate at the end only (an eval is always written then)
   c.checkpoint_every_steps = 1000  # 0 = only at the end
   c.keep_checkpoints = 3
+  c.profile_steps = ()  # (start, stop): a jax.profiler trace of these steps in WORKDIR/profile
   return c
 
 

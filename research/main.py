@@ -8,6 +8,7 @@
 
 import argparse
 import importlib
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 from research import configuration
 from research import workdir as workdir_lib
 from research.errors import UserError
+from research.preemption import Preempted
 
 
 def parse_args(argv: list[str]):
@@ -52,7 +54,12 @@ def run(argv: list[str]) -> None:
   if config.experiment == "train":
     from research.train import train_and_evaluate  # imports JAX: after the cheap checks
 
-    train_and_evaluate(config, str(workdir))  # validates, then prepares the workdir
+    try:
+      train_and_evaluate(config, str(workdir))  # validates, then prepares the workdir
+    except Preempted as e:
+      rerun = [args.config, f"--workdir={workdir}", *(f"--config.{f}={v}" for f, v in overrides)]
+      rerun += ["--allow_config_change"] if args.allow_config_change else []
+      print(f"{e}; checkpoint written. To resume, run:\n  ./launch.sh {shlex.join(rerun)}")
     return
   experiments = [p.stem for p in Path(__file__).parent.glob("experiments/[!_]*.py")]
   if config.experiment not in experiments:

@@ -1,8 +1,22 @@
-"""Where a run's numbers go: the console line, WORKDIR/metrics.jsonl and run metadata."""
+"""Where a run's numbers go: the console, WORKDIR/metrics.jsonl and TensorBoard event files."""
 
 import json
 import time
 from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+TRAIN_SCALARS = (
+  "loss",
+  "accuracy",
+  "learning_rate",
+  "examples_per_sec",
+  "sec_per_batch",
+  "input_wait_fraction",
+  "param_norm",
+  "grad_norm",
+)
 
 
 def format_train_line(record: dict) -> str:
@@ -21,26 +35,69 @@ def format_eval_line(record: dict) -> str:
   )
 
 
+def image_grid(images: np.ndarray, columns: int = 8) -> np.ndarray:
+  """Tiles float images [N, H, W, C] (any range: each is min-max scaled) into uint8 [H', W', C]."""
+  n, h, w, c = images.shape
+  low = images.min(axis=(1, 2, 3), keepdims=True)
+  high = images.max(axis=(1, 2, 3), keepdims=True)
+  scaled = (images - low) / np.maximum(high - low, 1e-6)
+  rows = -(-n // columns)
+  grid = np.ones((rows * (h + 2), columns * (w + 2), c), np.float32)  # white 2-px borders
+  for i, image in enumerate(scaled):
+    y, x = (i // columns) * (h + 2), (i % columns) * (w + 2)
+    grid[y + 1 : y + 1 + h, x + 1 : x + 1 + w] = image
+  return (grid * 255).round().astype(np.uint8)
+
+
 class MetricsLog:
-  """Appends one JSON object per record to WORKDIR/metrics.jsonl and prints it."""
+  """Prints records, appends them to metrics.jsonl and writes TensorBoard scalars/images.
 
-  def __init__(self, workdir: str, *, dataset_used: str, enabled: bool = True):
-    self.path = Path(workdir) / "metrics.jsonl"
+  Only process 0 writes (`enabled`); `echo` prints a line (tqdm.write while a bar is shown).
+  """
+
+  def __init__(self, workdir: str, *, dataset_used: str, enabled: bool = True, echo=print):
+    self.workdir = Path(workdir)
     self.dataset_used = dataset_used
-    self.enabled = enabled  # only process 0 writes in multi-process runs
+    self.enabled = enabled
+    self.echo = echo
+    self.writer = None
+    if enabled:
+      from tensorboardX import SummaryWriter  # imported only where it writes
 
-  def _write(self, record: dict) -> None:
-    if self.enabled:
-      record = {**record, "dataset_used": self.dataset_used, "time": time.time()}
-      with open(self.path, "a") as f:
-        f.write(json.dumps(record) + "\n")
+      self.writer = SummaryWriter(str(self.workdir / "tensorboard"), flush_secs=30)
+
+  def _append(self, record: dict) -> None:
+    record = {**record, "dataset_used": self.dataset_used, "time": time.time()}
+    with open(self.workdir / "metrics.jsonl", "a") as f:
+      f.write(json.dumps(record) + "\n")
 
   def train(self, record: dict) -> None:
-    if self.enabled:
-      print(format_train_line(record), flush=True)
-    self._write(record)
+    if not self.enabled:
+      return
+    self.echo(format_train_line(record))
+    self._append(record)
+    for name in TRAIN_SCALARS:
+      self.writer.add_scalar(f"train/{name}", record[name], record["step"])
 
   def eval(self, record: dict) -> None:
-    if self.enabled:
-      print(format_eval_line(record), flush=True)
-    self._write(record)
+    if not self.enabled:
+      return
+    self.echo(format_eval_line(record))
+    self._append(record)
+    for name in ("eval_loss", "eval_accuracy"):
+      self.writer.add_scalar(f"eval/{name.removeprefix('eval_')}", record[name], record["step"])
+    self.writer.flush()
+
+  def images(self, tag: str, images: np.ndarray, step: int) -> None:
+    """Writes a grid of `images` [N, H, W, C] to TensorBoard and to WORKDIR/<tag>.png."""
+    if not self.enabled:
+      return
+    grid = image_grid(images)
+    self.writer.add_image(tag, grid, step, dataformats="HWC")
+    Image.fromarray(grid.squeeze(-1) if grid.shape[-1] == 1 else grid).resize(
+      (grid.shape[1] * 3, grid.shape[0] * 3), Image.NEAREST
+    ).save(self.workdir / f"{tag}.png")
+
+  def close(self) -> None:
+    if self.writer:
+      self.writer.close()

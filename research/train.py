@@ -9,6 +9,7 @@ fetches metrics every `log_every_steps`.
 
 import functools
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
+import tqdm
 from flax.training import train_state
 from jax import lax
 
@@ -29,6 +31,7 @@ from research.data import ImageDataset
 from research.data.load import load_in_memory
 from research.errors import UserError
 from research.metrics import MetricsLog
+from research.preemption import Preempted, Preemption
 
 AXIS = "devices"  # the one pmap axis: every lax.pmean/psum and every BatchNorm names it
 
@@ -43,6 +46,11 @@ def cross_entropy(logits, labels, num_classes: int, label_smoothing: float):
   return optax.softmax_cross_entropy(logits.astype(jnp.float32), targets).mean()
 
 
+def device_rngs(rng):
+  """This device's (augment, dropout) keys: the step's key with the device index folded in."""
+  return jax.random.split(jax.random.fold_in(rng, lax.axis_index(AXIS)))
+
+
 def train_step(
   state, images_u8, labels, rng, *, augment, num_classes, label_smoothing, aux_loss_weight
 ):
@@ -53,8 +61,7 @@ def train_step(
     labels: [per_device_batch] int32.
     rng: the step's key, the same on every device; each device folds in its index.
   """
-  rng = jax.random.fold_in(rng, lax.axis_index(AXIS))
-  augment_rng, dropout_rng = jax.random.split(rng)
+  augment_rng, dropout_rng = device_rngs(rng)
   images = augment(augment_rng, images_u8)  # [per_device_batch, H, W, C] float32
 
   def loss_fn(params):
@@ -90,12 +97,23 @@ def batch_indices(step, shuffle_key, shard_size: int, per_device_batch: int):
   return lax.dynamic_slice_in_dim(permutation, index_in_epoch * per_device_batch, per_device_batch)
 
 
-def resident_train_step(state, shard, *, shuffle_key, step_key, per_device_batch, **kwargs):
-  """`train_step` on a batch gathered from the device-resident shard (uint8, never leaves)."""
+def resident_batch(step, shard, *, shuffle_key, step_key, per_device_batch):
+  """Gathers step `step`'s batch from the device-resident shard (uint8, never leaves)."""
   images_u8, labels = shard  # [shard_size, H, W, C], [shard_size]
-  idx = batch_indices(state.step, shuffle_key, labels.shape[0], per_device_batch)
-  rng = jax.random.fold_in(step_key, state.step)
-  return train_step(state, images_u8[idx], labels[idx], rng, **kwargs)
+  idx = batch_indices(step, shuffle_key, labels.shape[0], per_device_batch)
+  return images_u8[idx], labels[idx], jax.random.fold_in(step_key, step)
+
+
+def resident_train_step(state, shard, *, batch_kwargs, **step_kwargs):
+  """`train_step` on this step's batch gathered from the resident shard."""
+  return train_step(state, *resident_batch(state.step, shard, **batch_kwargs), **step_kwargs)
+
+
+def preview_augmented(step, shard, *, augment, batch_kwargs, count: int):
+  """The first `count` images of this device's batch at `step`, augmented as training sees them."""
+  images_u8, _, rng = resident_batch(step, shard, **batch_kwargs)
+  augment_rng, _ = device_rngs(rng)
+  return augment(augment_rng, images_u8)[:count]  # whole batch: the same per-example keys
 
 
 def resident_eval(state, shard, *, preprocess, per_device_batch, num_classes):
@@ -194,9 +212,7 @@ def _banner(text: str) -> str:
   return f"\n{line}\n{text}\n{line}\n"
 
 
-def _write_metadata(workdir: Path, config, data: ImageDataset, enabled: bool) -> None:
-  if not enabled:
-    return
+def _write_metadata(workdir: Path, config, data: ImageDataset) -> None:
   meta = {
     "time": time.time(),
     "jax_version": jax.__version__,
@@ -214,10 +230,35 @@ def _write_metadata(workdir: Path, config, data: ImageDataset, enabled: bool) ->
     f.write(json.dumps(meta) + "\n")
 
 
+def _interval_record(step, fetched, elapsed, input_wait, config, schedule) -> dict:
+  """One train record from the metrics of the steps since the last one."""
+  return {
+    "step": step,
+    "loss": float(np.mean([m["loss"] for m in fetched])),
+    "accuracy": float(np.mean([m["accuracy"] for m in fetched])),
+    "param_norm": float(fetched[-1]["param_norm"]),
+    "grad_norm": float(fetched[-1]["grad_norm"]),
+    "learning_rate": float(schedule(step - 1)),
+    "examples_per_sec": len(fetched) * config.batch_size / elapsed,
+    "sec_per_batch": elapsed / len(fetched),
+    "input_wait_fraction": input_wait / elapsed,
+  }
+
+
+def _finite_or_stop(state, step: int, checkpoints):
+  """`state` if all its parameters are finite; otherwise stop before it is saved."""
+  if not all(np.isfinite(x).all() for x in jax.tree.leaves(state.params)):
+    raise UserError(
+      f"parameters became NaN/inf by step {step}; the last good checkpoint is kept in "
+      f"{checkpoints.directory}; lower learning_rate or set grad_clip_norm"
+    )
+  return state
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Trains `config` on all devices, writing logs and checkpoints to `workdir`.
 
-  Returns the final eval record.
+  Returns the final eval record. Raises Preempted after saving a checkpoint on SIGTERM.
   """
   workdir = Path(workdir)
   is_main = jax.process_index() == 0
@@ -225,7 +266,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   augment = augment_lib.build(config.augment)  # parse errors surface before data loading
   preprocess = augment_lib.build(config.eval_preprocess)
   model = models.create(config.model, AXIS)
-
   per_device_batch = check_batch_sizes(config, n_devices)
   optim.create_optimizer(config, optim.learning_rate_schedule(config, 1, 1))  # names checked
 
@@ -239,31 +279,36 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       f"of the {n_devices} devices holds {shard_size}; lower batch_size"
     )
   steps_per_epoch = shard_size // per_device_batch
-  num_steps = (
-    config.num_train_steps if config.num_train_steps > 0 else (config.num_epochs * steps_per_epoch)
-  )
+  num_steps = config.num_train_steps
+  if num_steps <= 0:
+    num_steps = config.num_epochs * steps_per_epoch
 
   schedule = optim.learning_rate_schedule(config, steps_per_epoch, num_steps)
   tx = optim.create_optimizer(config, schedule)
   init_key, shuffle_key, step_key = jax.random.split(jax.random.key(config.seed), 3)
   state = create_train_state(init_key, config, model, data.train_images.shape[1:], tx)
+
   workdir_lib.prepare(workdir, config)  # input validated: from here on we write
-  checkpoints = checkpoint.Checkpoints(workdir, config, keep=config.keep_checkpoints)
+  bar = tqdm.tqdm(
+    total=num_steps, unit="step", disable=not (is_main and sys.stdout.isatty()), leave=False
+  )
+  echo = bar.write if not bar.disable else functools.partial(print, flush=True)
+  checkpoints = checkpoint.Checkpoints(workdir, config, echo=echo)
   state = checkpoints.restore_latest(state)
   start_step = int(state.step)
-  _write_metadata(workdir, config, data, is_main)
-
-  n_params = sum(x.size for x in jax.tree.leaves(state.params))
+  bar.update(start_step)
+  log = MetricsLog(workdir, dataset_used=data.name, enabled=is_main, echo=echo)
   if is_main:
-    print(
+    _write_metadata(workdir, config, data)
+    n_params = sum(x.size for x in jax.tree.leaves(state.params))
+    echo(
       f"{config.model.name}: {n_params:,} parameters | {n_devices} devices "
       f"({jax.devices()[0].device_kind}) | global batch {config.batch_size} = "
       f"{per_device_batch} per device | {steps_per_epoch} steps/epoch, {num_steps} steps | "
-      f"data: {data.name} ({data.source})",
-      flush=True,
+      f"data: {data.name} ({data.source})"
     )
     if start_step:
-      print(f"resuming from the checkpoint at step {start_step}", flush=True)
+      echo(f"resumed from the checkpoint at step {start_step}")
 
   step_kwargs = dict(
     augment=augment,
@@ -271,14 +316,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     label_smoothing=config.label_smoothing,
     aux_loss_weight=config.aux_loss_weight,
   )
+  batch_kwargs = dict(shuffle_key=shuffle_key, step_key=step_key, per_device_batch=per_device_batch)
   p_train_step = jax.pmap(
-    functools.partial(
-      resident_train_step,
-      shuffle_key=shuffle_key,
-      step_key=step_key,
-      per_device_batch=per_device_batch,
-      **step_kwargs,
-    ),
+    functools.partial(resident_train_step, batch_kwargs=batch_kwargs, **step_kwargs),
     axis_name=AXIS,
     donate_argnums=(0,),
   )
@@ -295,7 +335,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   test = pad_for_eval(data.test_images, data.test_labels, config.eval_batch_size)
   test_shard = upload_shards(test, len(test[1]) // n_devices)
   rstate = replicate(state)
-  log = MetricsLog(workdir, dataset_used=data.name, enabled=is_main)
+
+  if is_main:  # what the augmentation does, as the devices see it: 8 images from 4 devices
+    p_preview = jax.pmap(
+      functools.partial(preview_augmented, augment=augment, batch_kwargs=batch_kwargs, count=8),
+      axis_name=AXIS,
+    )
+    step_r = replicate(np.int32(start_step))
+    preview = np.asarray(jax.device_get(p_preview(step_r, train_shard)))[:4]
+    log.images("augmented_batch", preview.reshape(-1, *preview.shape[2:]), start_step)
 
   def evaluate(step):
     totals = first_replica(p_eval(rstate, test_shard))
@@ -311,50 +359,59 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   compile_start = time.perf_counter()
   p_train_step = p_train_step.lower(rstate, train_shard).compile()
   if is_main:
-    print(f"compiled the train step in {time.perf_counter() - compile_start:.1f} s", flush=True)
+    echo(f"compiled the train step in {time.perf_counter() - compile_start:.1f} s")
 
+  profile = tuple(config.profile_steps)
   pending, input_wait = [], 0.0
   interval_start = time.perf_counter()
-  for step in range(start_step + 1, num_steps + 1):
-    wait_start = time.perf_counter()
-    inputs = train_shard  # resident: nothing to wait for; streaming inputs block here
-    input_wait += time.perf_counter() - wait_start
-    rstate, metrics = p_train_step(rstate, inputs)
-    pending.append(metrics)
-    # The first step is logged too (as the TF scripts did): feedback before a slow interval.
-    if step % config.log_every_steps == 0 or step in (start_step + 1, num_steps):
-      fetched = [first_replica(m) for m in pending]  # blocks until these steps are done
-      elapsed = time.perf_counter() - interval_start
-      record = {
-        "step": step,
-        "loss": float(np.mean([m["loss"] for m in fetched])),
-        "accuracy": float(np.mean([m["accuracy"] for m in fetched])),
-        "param_norm": float(fetched[-1]["param_norm"]),
-        "grad_norm": float(fetched[-1]["grad_norm"]),
-        "learning_rate": float(schedule(step - 1)),
-        "examples_per_sec": len(fetched) * config.batch_size / elapsed,
-        "sec_per_batch": elapsed / len(fetched),
-        "input_wait_fraction": input_wait / elapsed,
-      }
-      if not (np.isfinite(record["loss"]) and np.isfinite(record["grad_norm"])):
-        raise UserError(
-          f"loss or gradients became NaN/inf by step {step} (loss {record['loss']}); "
-          f"the last good checkpoint is kept in {workdir / 'checkpoints'}; "
-          "lower learning_rate or set grad_clip_norm"
-        )
-      log.train(record)
-      pending, input_wait = [], 0.0
-      interval_start = time.perf_counter()
-    if config.eval_every_steps and step % config.eval_every_steps == 0 and step != num_steps:
-      evaluate(step)
-      interval_start = time.perf_counter()  # eval time is not training time
-    if checkpoints.due(step) and step != num_steps:
-      checkpoints.save(step, first_replica(rstate))
-      interval_start = time.perf_counter()
-
-  final = evaluate(num_steps)
-  checkpoints.save(num_steps, first_replica(rstate))
-  checkpoints.close()
+  try:
+    with Preemption() as preemption:
+      for step in range(start_step + 1, num_steps + 1):
+        if profile and step == profile[0]:
+          jax.profiler.start_trace(str(workdir / "profile"))
+        wait_start = time.perf_counter()
+        inputs = train_shard  # resident: nothing to wait for; streaming inputs block here
+        input_wait += time.perf_counter() - wait_start
+        rstate, metrics = p_train_step(rstate, inputs)
+        pending.append(metrics)
+        bar.update(1)
+        # The first step is logged too (as the TF scripts did): feedback before a slow interval.
+        if step % config.log_every_steps == 0 or step in (start_step + 1, num_steps):
+          fetched = [first_replica(m) for m in pending]  # blocks until these steps are done
+          elapsed = time.perf_counter() - interval_start
+          record = _interval_record(step, fetched, elapsed, input_wait, config, schedule)
+          if not (np.isfinite(record["loss"]) and np.isfinite(record["grad_norm"])):
+            raise UserError(
+              f"loss or gradients became NaN/inf by step {step} (loss {record['loss']}); "
+              f"the last good checkpoint is kept in {checkpoints.directory}; "
+              "lower learning_rate or set grad_clip_norm"
+            )
+          log.train(record)
+          pending, input_wait = [], 0.0
+          interval_start = time.perf_counter()
+        if profile and step == profile[1]:
+          jax.block_until_ready(rstate)
+          jax.profiler.stop_trace()
+          echo(f"wrote a profile of steps {profile[0]}-{profile[1]} to {workdir / 'profile'}")
+        if preemption.requested:
+          jax.block_until_ready(rstate)
+          checkpoints.save(step, first_replica(rstate))
+          raise Preempted(step)
+        if config.eval_every_steps and step % config.eval_every_steps == 0 and step < num_steps:
+          evaluate(step)
+          interval_start = time.perf_counter()  # eval time is not training time
+        if checkpoints.due(step) and step < num_steps:
+          blocked = checkpoints.save(
+            step, _finite_or_stop(first_replica(rstate), step, checkpoints)
+          )
+          echo(f"checkpoint at step {step} started (training blocked {blocked:.2f} s)")
+          interval_start = time.perf_counter()
+    final = evaluate(num_steps)
+    checkpoints.save(num_steps, _finite_or_stop(first_replica(rstate), num_steps, checkpoints))
+  finally:
+    bar.close()
+    checkpoints.close()  # a write in flight is finished, never left half-done
+    log.close()
   if data.fallback_reason and is_main:
     print(_banner(f"THIS RUN TRAINED ON SYNTHETIC DATA, NOT CIFAR-10.\n{data.fallback_reason}"))
   return final

@@ -16,6 +16,7 @@ RESUMABLE_FIELDS = {
   "eval_every_steps",
   "checkpoint_every_steps",
   "keep_checkpoints",
+  "profile_steps",
   "data_dir",
   "data_fallback",
 }

@@ -1,0 +1,183 @@
+"""Runs that survive: exact resume after SIGKILL, SIGTERM checkpoints, fewer devices, bad
+checkpoints, NaN stops, TensorBoard output."""
+
+import json
+import os
+import random
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from tensorboardX.proto import event_pb2
+
+from research import checkpoint, configuration
+from research.errors import UserError
+from research.train import train_and_evaluate
+
+SMOKE = "configs/cifar_vgg.py:smoke"
+# Short, with a log record every step and a checkpoint every 2 steps.
+ARGS = [
+  "--config.num_train_steps=14",
+  "--config.log_every_steps=1",
+  "--config.checkpoint_every_steps=2",
+]
+
+
+def _start(workdir, devices=8, extra=()):
+  env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+  return subprocess.Popen(
+    [sys.executable, "-m", "research.main", "--config", SMOKE, f"--workdir={workdir}", *ARGS]
+    + list(extra),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+    env=env,
+  )
+
+
+def _finish(process, timeout=300):
+  try:
+    output, _ = process.communicate(timeout=timeout)
+  finally:
+    process.kill()
+  assert process.returncode == 0, output
+  return output
+
+
+def _records(workdir):
+  lines = (Path(workdir) / "metrics.jsonl").read_text().splitlines()
+  return [json.loads(line) for line in lines]
+
+
+def _final(workdir):
+  records = _records(workdir)
+  last_train = [r for r in records if "loss" in r][-1]
+  return last_train["step"], last_train["param_norm"], records[-1]["eval_loss"]
+
+
+def _wait_for_step(workdir, step, process, timeout=300):
+  """Blocks until metrics.jsonl records `step` (bounded; fails if the run ends first)."""
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    path = Path(workdir) / "metrics.jsonl"
+    if path.exists() and any(r.get("step", 0) >= step for r in _records(workdir)):
+      return
+    assert process.poll() is None, "the run ended before the step we wanted to interrupt"
+    time.sleep(0.05)
+  raise TimeoutError(f"step {step} not reached")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("uninterrupted")
+  _finish(_start(workdir))
+  return _final(workdir)
+
+
+def test_resume_after_sigkill_is_exact(uninterrupted, tmp_path):
+  kill_at = random.Random().randint(3, 12)
+  process = _start(tmp_path)
+  _wait_for_step(tmp_path, kill_at, process)
+  process.send_signal(signal.SIGKILL)
+  process.wait(timeout=60)
+  output = _finish(_start(tmp_path))
+  assert "resumed from the checkpoint at step" in output, output
+  assert _final(tmp_path) == uninterrupted, f"killed at step {kill_at}"  # bit-for-bit
+
+
+def test_sigterm_writes_a_checkpoint_and_exits_cleanly(uninterrupted, tmp_path):
+  process = _start(tmp_path)
+  _wait_for_step(tmp_path, 5, process)
+  process.send_signal(signal.SIGTERM)
+  output = _finish(process)
+  step = int(output.split("preempted at step ")[1].split(";")[0])
+  assert (tmp_path / "checkpoints" / str(step)).is_dir()
+  assert f"./launch.sh {SMOKE} --workdir={tmp_path}" in output
+  output = _finish(_start(tmp_path))
+  assert f"resumed from the checkpoint at step {step}" in output
+  assert _final(tmp_path) == uninterrupted
+
+
+@pytest.mark.parametrize("devices", [4, 1])
+def test_checkpoint_from_8_devices_restores_on_fewer(tmp_path, devices):
+  _finish(_start(tmp_path, extra=["--config.num_train_steps=4"]))
+  output = _finish(_start(tmp_path, devices=devices, extra=["--config.num_train_steps=6"]))
+  assert "resumed from the checkpoint at step 4" in output
+  assert f"| {devices} devices" in output
+  assert _records(tmp_path)[-1]["step"] == 6
+
+
+def _smoke_config(**overrides):
+  config = configuration.load(SMOKE)
+  config.update(overrides)
+  return config
+
+
+def test_unreadable_latest_checkpoint_falls_back_to_the_previous(tmp_path):
+  config = _smoke_config(num_train_steps=8, checkpoint_every_steps=4)
+  train_and_evaluate(config, str(tmp_path))
+  for f in (tmp_path / "checkpoints" / "8").rglob("*"):
+    if f.is_file():
+      f.write_bytes(b"garbage")
+  messages = []
+  ckpts = checkpoint.Checkpoints(tmp_path, config, echo=messages.append)
+  template = _template_state(config)
+  restored = ckpts.restore_latest(template)
+  ckpts.close()
+  assert int(restored.step) == 4
+  assert "checkpoint at step 8 is unreadable" in messages[0]
+  assert (tmp_path / "checkpoints_unreadable" / "8").is_dir()  # moved aside, not deleted
+
+
+def _template_state(config):
+  from research import models, optim
+  from research.train import AXIS, create_train_state
+
+  model = models.create(config.model, AXIS)
+  tx = optim.create_optimizer(config, optim.learning_rate_schedule(config, 16, 8))
+  return create_train_state(jax.random.key(0), config, model, (32, 32, 3), tx)
+
+
+def test_divergence_stops_with_a_clear_error_and_keeps_good_checkpoints(tmp_path):
+  config = _smoke_config(learning_rate=1e9, log_every_steps=4, checkpoint_every_steps=2)
+  with pytest.raises(UserError, match=r"NaN/inf by step \d+"):
+    train_and_evaluate(config, str(tmp_path))
+  ckpts = checkpoint.Checkpoints(tmp_path, config)
+  steps = ckpts.manager.all_steps()
+  if steps:  # any checkpoint that was written holds finite parameters
+    state = ckpts.restore_latest(_template_state(config))
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(state.params))
+  ckpts.close()
+
+
+def _events(workdir):
+  """Parses tensorboardX event files (TFRecord framing) back into Event protos."""
+  for path in (Path(workdir) / "tensorboard").glob("events.out.tfevents.*"):
+    data = path.read_bytes()
+    offset = 0
+    while offset < len(data):
+      (length,) = struct.unpack("<Q", data[offset : offset + 8])
+      yield event_pb2.Event.FromString(data[offset + 12 : offset + 12 + length])
+      offset += 12 + length + 4
+
+
+def test_tensorboard_has_scalars_and_the_augmented_batch_image(tmp_path):
+  train_and_evaluate(_smoke_config(num_train_steps=8, log_every_steps=4), str(tmp_path))
+  tags = {v.tag: v for e in _events(tmp_path) for v in e.summary.value}
+  for tag in (
+    "train/loss",
+    "train/learning_rate",
+    "train/examples_per_sec",
+    "train/input_wait_fraction",
+    "eval/accuracy",
+  ):
+    assert tag in tags, sorted(tags)
+  image = tags["augmented_batch"].image
+  assert image.width > 32 and image.height > 32 and image.encoded_image_string[:4] == b"\x89PNG"
+  assert (tmp_path / "augmented_batch.png").stat().st_size > 1000
