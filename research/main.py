@@ -8,6 +8,7 @@
 
 import argparse
 import importlib
+import os
 import shlex
 import sys
 import time
@@ -19,6 +20,40 @@ from research.errors import UserError
 from research.preemption import Preempted
 
 
+def _env_int(name: str) -> int | None:
+  return int(os.environ[name]) if os.environ.get(name) else None
+
+
+def start_distributed(args) -> None:
+  """Joins a multi-process run through jax.distributed; a no-op for one process.
+
+  Explicit flags (or JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID) win; under
+  SLURM or Open MPI with several tasks JAX detects everything itself. GPUs talk over NCCL;
+  CPU devices need gloo for cross-process collectives.
+  """
+  import jax
+
+  if args.coordinator_address or args.num_processes:
+    if args.num_processes is None or args.process_id is None or not args.coordinator_address:
+      raise UserError(
+        "multi-process runs need --coordinator_address=HOST:PORT, --num_processes=N and "
+        "--process_id=I together (or the JAX_* environment variables)"
+      )
+    kwargs = dict(
+      coordinator_address=args.coordinator_address,
+      num_processes=args.num_processes,
+      process_id=args.process_id,
+    )
+  elif (
+    int(os.environ.get("SLURM_NTASKS", 1)) > 1 or int(os.environ.get("OMPI_COMM_WORLD_SIZE", 1)) > 1
+  ):
+    kwargs = {}  # auto-detected by jax.distributed
+  else:
+    return
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(**kwargs)
+
+
 def parse_args(argv: list[str]):
   parser = argparse.ArgumentParser(prog="research.main", description=__doc__)
   parser.add_argument("--config", required=True, help="configs/NAME.py[:variant]")
@@ -28,6 +63,10 @@ def parse_args(argv: list[str]):
     action="store_true",
     help="resume into a workdir whose config.json differs in fields that change the run",
   )
+  group = parser.add_argument_group("multi-process (jax.distributed)")
+  group.add_argument("--coordinator_address", default=os.environ.get("JAX_COORDINATOR_ADDRESS"))
+  group.add_argument("--num_processes", type=int, default=_env_int("JAX_NUM_PROCESSES"))
+  group.add_argument("--process_id", type=int, default=_env_int("JAX_PROCESS_ID"))
   args, rest = parser.parse_known_args(argv)
   overrides = []
   for item in rest:
@@ -49,10 +88,15 @@ def run(argv: list[str]) -> None:
   config = configuration.load(args.config)
   for field, value in overrides:
     configuration.override(config, field, value)
+  start_distributed(args)
+  import jax
+
+  if jax.process_count() > 1 and not args.workdir:
+    raise UserError("multi-process runs need --workdir=DIR on a filesystem all hosts share")
   workdir = Path(args.workdir).expanduser() if args.workdir else default_workdir(args.config)
   workdir_lib.check_resumable(workdir, config, args.allow_config_change)
   if config.experiment == "train":
-    from research.train import train_and_evaluate  # imports JAX: after the cheap checks
+    from research.train import train_and_evaluate
 
     try:
       train_and_evaluate(config, str(workdir))  # validates, then prepares the workdir

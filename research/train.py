@@ -141,22 +141,23 @@ def resident_eval(state, shard, *, preprocess, per_device_batch, num_classes):
   return lax.psum(totals, AXIS)
 
 
-def _pmap_sharding(devices=None):
-  mesh = jax.sharding.Mesh(np.array(devices or jax.local_devices()), (AXIS,))
-  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(AXIS))
+def _to_devices(local, devices=None):
+  """This process's rows of a pmapped array ([local_devices, ...]) as one global jax.Array.
+
+  pmap takes arrays sharded over its devices along the leading axis; building the global
+  array explicitly lets the same code (and the AOT-compiled step) serve one or many processes.
+  """
+  mesh = jax.sharding.Mesh(np.array(devices or jax.devices()), (AXIS,))
+  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(AXIS))
+  return jax.make_array_from_process_local_data(sharding, np.ascontiguousarray(local))
 
 
 def upload_shards(arrays, per_device: int):
-  """Puts this process's blocks of `arrays` on its devices: [local_devices, per_device, ...]."""
+  """Puts this process's blocks of `arrays` on its devices: [devices, per_device, ...]."""
   n_local = jax.local_device_count()
   start = jax.process_index() * n_local * per_device
-  sharding = _pmap_sharding()
-  return tuple(
-    jax.device_put(
-      a[start : start + n_local * per_device].reshape(n_local, per_device, *a.shape[1:]), sharding
-    )
-    for a in arrays
-  )
+  blocks = (a[start : start + n_local * per_device] for a in arrays)
+  return tuple(_to_devices(b.reshape(n_local, per_device, *b.shape[1:])) for b in blocks)
 
 
 def pad_for_eval(images, labels, global_batch: int):
@@ -168,11 +169,10 @@ def pad_for_eval(images, labels, global_batch: int):
 
 
 def replicate(tree, devices=None):
-  """One copy per device (default: all local ones), laid out as pmap expects: [devices, ...]."""
-  devices = devices or jax.local_devices()
-  sharding = _pmap_sharding(devices)
+  """One copy per device (default: all), laid out as pmap expects: [devices, ...]."""
+  n_local = len(devices) if devices else jax.local_device_count()
   return jax.tree.map(
-    lambda x: jax.device_put(np.broadcast_to(x, (len(devices), *np.shape(x))), sharding), tree
+    lambda x: _to_devices(np.broadcast_to(x, (n_local, *np.shape(x))), devices), tree
   )
 
 
@@ -336,14 +336,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   test_shard = upload_shards(test, len(test[1]) // n_devices)
   rstate = replicate(state)
 
-  if is_main:  # what the augmentation does, as the devices see it: 8 images from 4 devices
-    p_preview = jax.pmap(
-      functools.partial(preview_augmented, augment=augment, batch_kwargs=batch_kwargs, count=8),
-      axis_name=AXIS,
-    )
-    step_r = replicate(np.int32(start_step))
-    preview = np.asarray(jax.device_get(p_preview(step_r, train_shard)))[:4]
-    log.images("augmented_batch", preview.reshape(-1, *preview.shape[2:]), start_step)
+  # What the augmentation does, as the devices see it: 8 images from each of 4 devices.
+  # Every process takes part in the pmapped call; process 0 writes the grid.
+  p_preview = jax.pmap(
+    functools.partial(preview_augmented, augment=augment, batch_kwargs=batch_kwargs, count=8),
+    axis_name=AXIS,
+  )
+  preview = p_preview(replicate(np.int32(start_step)), train_shard)  # [devices, 8, H, W, C]
+  local = np.concatenate([np.asarray(s.data) for s in preview.addressable_shards[:4]])
+  log.images("augmented_batch", local.reshape(-1, *local.shape[2:]), start_step)
 
   def evaluate(step):
     totals = first_replica(p_eval(rstate, test_shard))

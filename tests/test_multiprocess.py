@@ -1,0 +1,86 @@
+"""Two processes × 4 CPU devices (jax.distributed, gloo) train like one process × 8 devices."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+
+from research import checkpoint, configuration, models, optim
+from research.train import AXIS, create_train_state, train_and_evaluate
+
+SMOKE = "configs/cifar_vgg.py:smoke"
+STEPS = 2
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _config():
+  config = configuration.load(SMOKE)
+  config.update(num_train_steps=STEPS, log_every_steps=1)
+  return config
+
+
+def _final_params(workdir, config):
+  model = models.create(config.model, AXIS)
+  tx = optim.create_optimizer(config, optim.learning_rate_schedule(config, 16, STEPS))
+  template = create_train_state(jax.random.key(0), config, model, (32, 32, 3), tx)
+  ckpts = checkpoint.Checkpoints(workdir, config)
+  state = ckpts.restore_latest(template)
+  ckpts.close()
+  assert int(state.step) == STEPS
+  return state.params
+
+
+def test_two_processes_of_4_devices_equal_one_process_of_8(tmp_path):
+  port = _free_port()
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+  command = [
+    sys.executable,
+    "-m",
+    "research.main",
+    "--config",
+    SMOKE,
+    f"--workdir={tmp_path / 'two'}",
+    f"--coordinator_address=127.0.0.1:{port}",
+    "--num_processes=2",
+    f"--config.num_train_steps={STEPS}",
+    "--config.log_every_steps=1",
+  ]
+  processes = [
+    subprocess.Popen(
+      [*command, f"--process_id={i}"],
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+    )
+    for i in range(2)
+  ]
+  try:
+    outputs = [p.communicate(timeout=300)[0] for p in processes]
+  finally:
+    for p in processes:  # always reaped, even on timeout
+      p.kill()
+      p.wait()
+  for p, output in zip(processes, outputs, strict=True):
+    assert p.returncode == 0, output[-3000:]
+
+  train_and_evaluate(_config(), str(tmp_path / "one"))
+
+  two = _final_params(tmp_path / "two", _config())
+  one = _final_params(tmp_path / "one", _config())
+  for a, b in zip(jax.tree.leaves(two), jax.tree.leaves(one), strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+  # Only process 0 writes the log: each step is recorded once.
+  records = [json.loads(x) for x in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
+  steps = [r["step"] for r in records if "loss" in r]
+  assert steps == sorted(set(steps)) == [1, 2]
+  assert "| 8 devices" in outputs[0] and "| 8 devices" not in outputs[1]
