@@ -16,6 +16,7 @@ def training_defaults() -> ml_collections.ConfigDict:
   c.data_fallback = True  # no data and no network: train on synthetic data (said loudly)
   c.synthetic_train_size = 50_000  # examples, for dataset="synthetic"
   c.synthetic_test_size = 10_000
+  c.synthetic_image_size = 32  # pixels per side
   c.synthetic_noise = 0.6  # per-pixel noise std, in units of the [0, 1] pixel range
 
   # Batches and length. batch_size is GLOBAL: split evenly over all devices.
@@ -52,6 +53,9 @@ def training_defaults() -> ml_collections.ConfigDict:
   c.eval_every_steps = 0  # 0 = evaluate at the end only (an eval is always written then)
   c.checkpoint_every_steps = 1000  # 0 = only at the end
   c.keep_checkpoints = 3
+  c.scaling_report = False  # run 1, 2, 4, … N devices instead (research/scaling.py)
+  c.scaling_steps = 60  # steps per device count in the scaling report
+  c.scaling_strong = False  # also fixed-global-batch (strong) scaling, besides weak scaling
   c.profile_steps = ()  # (start, stop): a jax.profiler trace of these steps in WORKDIR/profile
   return c
 

@@ -9,6 +9,7 @@ different crops and flips. A fork adds an op by decorating a factory with `@regi
 """
 
 import ast
+import functools
 import re
 from collections.abc import Callable
 
@@ -99,6 +100,129 @@ def standardize() -> Op:
     del rng
     std = jnp.maximum(image.std(), 1.0 / jnp.sqrt(image.size))
     return (image - image.mean()) / std
+
+  return op
+
+
+@register("scale")
+def scale(low: float, high: float) -> Op:
+  """Maps the [0, 1] range linearly to [low, high] (Inception wants [-1, 1])."""
+
+  def op(rng, image):
+    del rng
+    return low + (high - low) * image
+
+  return op
+
+
+def _resize_window(image, top, left, height, width, size: int):
+  """Bilinear resize of the window [top:top+height, left:left+width] to size × size."""
+  scale_yx = jnp.stack([size / height, size / width])
+  translation = -jnp.stack([top, left]) * scale_yx
+  return jax.image.scale_and_translate(
+    image, (size, size, image.shape[-1]), (0, 1), scale_yx, translation, "linear", antialias=True
+  )
+
+
+@register("inception_crop")
+def inception_crop(
+  size: int,
+  area_min: float = 0.05,
+  area_max: float = 1.0,
+  aspect_min: float = 3 / 4,
+  aspect_max: float = 4 / 3,
+  attempts: int = 10,
+) -> Op:
+  """Random crop of `area_min`..`area_max` of the image with aspect ratio (w/h) in
+  `aspect_min`..`aspect_max`, resized to size × size — Inception's distorted crop with the
+  whole image as the bounding box. Of `attempts` candidates the first that fits is used;
+  if none fits, the whole image."""
+
+  def op(rng, image):
+    h, w = image.shape[0], image.shape[1]
+    k_area, k_aspect, k_y, k_x = jax.random.split(rng, 4)
+    area = h * w * jax.random.uniform(k_area, (attempts,), minval=area_min, maxval=area_max)
+    log_aspect = jax.random.uniform(
+      k_aspect, (attempts,), minval=jnp.log(aspect_min), maxval=jnp.log(aspect_max)
+    )
+    crop_w = jnp.sqrt(area * jnp.exp(log_aspect))
+    crop_h = jnp.sqrt(area / jnp.exp(log_aspect))
+    fits = (crop_w <= w) & (crop_h <= h)
+    pick = jnp.argmax(fits)  # the first candidate that fits
+    crop_h = jnp.where(fits[pick], crop_h[pick], h)
+    crop_w = jnp.where(fits[pick], crop_w[pick], w)
+    top = jax.random.uniform(k_y) * (h - crop_h)
+    left = jax.random.uniform(k_x) * (w - crop_w)
+    return _resize_window(image, top, left, crop_h, crop_w, size)
+
+  return op
+
+
+@register("central_crop")
+def central_crop(size: int, fraction: float = 0.875) -> Op:
+  """The central `fraction` of the image (each side), resized to size × size: Inception eval."""
+
+  def op(rng, image):
+    del rng
+    h, w = image.shape[0], image.shape[1]
+    return _resize_window(
+      image, (1 - fraction) * h / 2, (1 - fraction) * w / 2, fraction * h, fraction * w, size
+    )
+
+  return op
+
+
+def _rgb_to_hsv(rgb):
+  r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
+  value = rgb.max(-1)
+  delta = value - rgb.min(-1)
+  safe = jnp.where(delta > 0, delta, 1.0)
+  saturation = jnp.where(value > 0, delta / jnp.where(value > 0, value, 1.0), 0.0)
+  hue = jnp.where(
+    value == r, (g - b) / safe, jnp.where(value == g, 2.0 + (b - r) / safe, 4.0 + (r - g) / safe)
+  )
+  hue = jnp.where(delta > 0, (hue / 6.0) % 1.0, 0.0)
+  return hue, saturation, value
+
+
+def _hsv_to_rgb(hue, saturation, value):
+  k = (jnp.array([5.0, 3.0, 1.0]) + hue[..., None] * 6.0) % 6.0
+  weight = jnp.clip(jnp.minimum(k, 4.0 - k), 0.0, 1.0)
+  return value[..., None] - value[..., None] * saturation[..., None] * weight
+
+
+@register("color_distort")
+def color_distort(
+  brightness: float = 32 / 255, saturation: float = 0.5, hue: float = 0.2, contrast: float = 0.5
+) -> Op:
+  """Inception's colour distortion: brightness ±32/255, saturation and contrast ×[0.5, 1.5],
+  hue ±0.2 (of the colour circle), in one of four random orders; clipped to [0, 1]."""
+
+  def op(rng, image):
+    k_order, k_b, k_s, k_h, k_c = jax.random.split(rng, 5)
+    delta_b = jax.random.uniform(k_b, (), minval=-brightness, maxval=brightness)
+    factor_s = jax.random.uniform(k_s, (), minval=1 - saturation, maxval=1 + saturation)
+    delta_h = jax.random.uniform(k_h, (), minval=-hue, maxval=hue)
+    factor_c = jax.random.uniform(k_c, (), minval=1 - contrast, maxval=1 + contrast)
+
+    def b(x):
+      return jnp.clip(x + delta_b, 0.0, 1.0)
+
+    def s(x):
+      h, sat, v = _rgb_to_hsv(x)
+      return _hsv_to_rgb(h, jnp.clip(sat * factor_s, 0.0, 1.0), v)
+
+    def h(x):
+      hh, sat, v = _rgb_to_hsv(x)
+      return _hsv_to_rgb((hh + delta_h) % 1.0, sat, v)
+
+    def c(x):
+      mean = x.mean(axis=(0, 1), keepdims=True)
+      return jnp.clip((x - mean) * factor_c + mean, 0.0, 1.0)
+
+    orders = [(b, s, h, c), (s, b, c, h), (c, h, b, s), (h, s, c, b)]  # as TF's distort_color
+    branches = [lambda x, o=o: functools.reduce(lambda y, f: f(y), o, x) for o in orders]
+    return jnp.clip(jax.lax.switch(jax.random.randint(k_order, (), 0, 4), branches, image), 0, 1)
 
   return op
 

@@ -7,6 +7,7 @@ We parse overrides ourselves rather than through absl's config_flags so that eve
 import ast
 import difflib
 import importlib.util
+import sys
 from pathlib import Path
 
 import ml_collections
@@ -20,6 +21,9 @@ def load(spec: str) -> ml_collections.ConfigDict:
   if not Path(path).is_file():
     near = sorted(str(p) for p in Path("configs").glob("*.py") if not p.name.startswith("_"))
     raise UserError(f"config file {path} not found; configs here: {', '.join(near)}")
+  root = str(Path(path).resolve().parent.parent)  # so configs can `from configs.common import`
+  if root not in sys.path:
+    sys.path.insert(0, root)
   module_spec = importlib.util.spec_from_file_location(f"_config_{Path(path).stem}", path)
   module = importlib.util.module_from_spec(module_spec)
   module_spec.loader.exec_module(module)

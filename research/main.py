@@ -95,6 +95,12 @@ def run(argv: list[str]) -> None:
     raise UserError("multi-process runs need --workdir=DIR on a filesystem all hosts share")
   workdir = Path(args.workdir).expanduser() if args.workdir else default_workdir(args.config)
   workdir_lib.check_resumable(workdir, config, args.allow_config_change)
+  if config.experiment == "train" and config.scaling_report:
+    from research import scaling
+
+    workdir_lib.prepare(workdir, config)
+    scaling.run(config, args.config, overrides, workdir)
+    return
   if config.experiment == "train":
     from research.train import train_and_evaluate
 

@@ -8,7 +8,7 @@ import pytest
 
 from research import augment
 from research.errors import UserError
-from research.train import AXIS
+from research.steps import AXIS
 
 
 def _images(n=16, size=32):

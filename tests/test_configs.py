@@ -9,7 +9,8 @@ import pytest
 
 from research import configuration, models
 from research.errors import UserError
-from research.train import AXIS, create_train_state, train_and_evaluate
+from research.steps import AXIS, create_train_state
+from research.train import train_and_evaluate
 
 CONFIGS = sorted(
   str(p) for p in Path("configs").glob("*.py") if p.stem not in ("__init__", "common")

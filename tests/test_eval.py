@@ -9,15 +9,8 @@ import optax
 import pytest
 
 from research import augment, models
-from research.train import (
-  AXIS,
-  create_train_state,
-  first_replica,
-  pad_for_eval,
-  replicate,
-  resident_eval,
-  upload_shards,
-)
+from research.placement import first_replica, pad_for_eval, replicate, upload_shards
+from research.steps import AXIS, create_train_state, resident_eval
 
 
 @pytest.mark.parametrize("n_examples", [250, 256, 7])
@@ -36,7 +29,6 @@ def test_eval_counts_every_example_once(n_examples):
       resident_eval,
       preprocess=augment.build(""),
       per_device_batch=global_batch // 8,
-      num_classes=10,
     ),
     axis_name=AXIS,
   )

@@ -10,7 +10,8 @@ import jax
 import numpy as np
 
 from research import checkpoint, configuration, models, optim
-from research.train import AXIS, create_train_state, train_and_evaluate
+from research.steps import AXIS, create_train_state
+from research.train import train_and_evaluate
 
 SMOKE = "configs/cifar_vgg.py:smoke"
 STEPS = 2

@@ -137,7 +137,7 @@ def test_unreadable_latest_checkpoint_falls_back_to_the_previous(tmp_path):
 
 def _template_state(config):
   from research import models, optim
-  from research.train import AXIS, create_train_state
+  from research.steps import AXIS, create_train_state
 
   model = models.create(config.model, AXIS)
   tx = optim.create_optimizer(config, optim.learning_rate_schedule(config, 16, 8))

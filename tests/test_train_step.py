@@ -9,7 +9,8 @@ import optax
 import pytest
 
 from research import augment, models
-from research.train import AXIS, create_train_state, first_replica, replicate, train_step
+from research.placement import first_replica, replicate
+from research.steps import AXIS, create_train_state, train_step
 
 
 def _vgg():

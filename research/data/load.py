@@ -12,6 +12,7 @@ def _synthetic(config, train_size, test_size, fallback_reason=""):
   return synthetic.make(
     train_size,
     test_size,
+    image_size=config.synthetic_image_size,
     noise=config.synthetic_noise,
     seed=config.seed,
     fallback_reason=fallback_reason,
@@ -23,7 +24,7 @@ def load_in_memory(config: ml_collections.ConfigDict) -> ImageDataset:
   if config.dataset == "synthetic":
     return _synthetic(config, config.synthetic_train_size, config.synthetic_test_size)
   if config.dataset != "cifar10":
-    raise UserError(f"dataset={config.dataset!r} is unknown; choose one of {IN_MEMORY}")
+    raise UserError(f"dataset={config.dataset!r} is not an in-memory dataset {IN_MEMORY}")
   if config.data_dir:
     return cifar10.load_from(config.data_dir)  # the user named it: no fallback
   try:

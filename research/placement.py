@@ -1,0 +1,46 @@
+"""Moving arrays between the host and the pmapped devices, in one or many processes."""
+
+import jax
+import numpy as np
+
+from research.steps import AXIS
+
+
+def to_devices(local, devices=None):
+  """This process's rows of a pmapped array ([local_devices, ...]) as one global jax.Array.
+
+  pmap takes arrays sharded over its devices along the leading axis; building the global
+  array explicitly lets the same code (and the AOT-compiled step) serve one or many processes.
+  """
+  mesh = jax.sharding.Mesh(np.array(devices or jax.devices()), (AXIS,))
+  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(AXIS))
+  return jax.make_array_from_process_local_data(sharding, np.ascontiguousarray(local))
+
+
+def upload_shards(arrays, per_device: int):
+  """Puts this process's blocks of `arrays` on its devices: [devices, per_device, ...]."""
+  n_local = jax.local_device_count()
+  start = jax.process_index() * n_local * per_device
+  blocks = (a[start : start + n_local * per_device] for a in arrays)
+  return tuple(to_devices(b.reshape(n_local, per_device, *b.shape[1:])) for b in blocks)
+
+
+def pad_for_eval(images, labels, global_batch: int):
+  """Pads the test split to whole global batches; the mask marks the real examples."""
+  n = len(labels)
+  padded = -(-n // global_batch) * global_batch
+  pad = lambda a: np.concatenate([a, np.zeros((padded - n, *a.shape[1:]), a.dtype)])
+  return pad(images), pad(labels), (np.arange(padded) < n).astype(np.float32)
+
+
+def replicate(tree, devices=None):
+  """One copy per device (default: all), laid out as pmap expects: [devices, ...]."""
+  n_local = len(devices) if devices else jax.local_device_count()
+  return jax.tree.map(
+    lambda x: to_devices(np.broadcast_to(x, (n_local, *np.shape(x))), devices), tree
+  )
+
+
+def first_replica(tree):
+  """The copy on this process's first device, fetched to host (no cross-device gather)."""
+  return jax.tree.map(lambda x: np.asarray(x.addressable_shards[0].data)[0], tree)

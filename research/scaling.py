@@ -1,0 +1,176 @@
+"""The scaling report: one training config on 1, 2, 4, … N local devices, measured alike.
+
+  ./launch.sh configs/cifar_vgg.py --config.scaling_report=True [--config.scaling_steps=60]
+
+Each device count runs as its own process (on GPUs with CUDA_VISIBLE_DEVICES, on CPU with
+that many XLA host devices), the way the original write-ups ran 1, 2, 4 and 8 GPUs, for
+`scaling_steps` steps without checkpoints. Weak scaling keeps the per-device batch of the
+config (global batch grows with the devices); strong scaling (`scaling_strong=True`) keeps
+the global batch. Throughput is the median over the log intervals after the first, which
+holds the warm-up. Writes WORKDIR/scaling.csv and WORKDIR/scaling.png and prints the table.
+"""
+
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+
+from research.errors import UserError
+
+COLUMNS = [
+  "config",
+  "mode",
+  "n_devices",
+  "global_batch",
+  "per_device_batch",
+  "examples_per_sec",
+  "sec_per_batch",
+  "speedup",
+  "efficiency",
+  "input_wait_fraction",
+]
+
+
+def device_counts(n: int) -> list[int]:
+  """1, 2, 4, … up to n, and n itself."""
+  counts = [1]
+  while counts[-1] * 2 <= n:
+    counts.append(counts[-1] * 2)
+  return counts if counts[-1] == n else [*counts, n]
+
+
+def _env_for(n_devices: int, backend: str) -> dict:
+  env = dict(os.environ)
+  if backend == "gpu":
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(n_devices))
+  else:
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f]
+    env["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={n_devices}"])
+  return env
+
+
+def _measure(spec, overrides, workdir: Path, n_devices: int, batch: int, config, backend):
+  """Trains in a child process and reads its steady-state throughput back."""
+  steps = config.scaling_steps
+  args = [
+    f"--workdir={workdir}",
+    *(f"--config.{field}={value}" for field, value in overrides),
+    "--config.scaling_report=False",
+    f"--config.batch_size={batch}",
+    f"--config.num_train_steps={steps}",
+    f"--config.log_every_steps={max(1, steps // 5)}",
+    "--config.checkpoint_every_steps=0",
+    "--config.eval_every_steps=0",
+  ]
+  result = subprocess.run(
+    [sys.executable, "-m", "research.main", f"--config={spec}", *args],
+    env=_env_for(n_devices, backend),
+    capture_output=True,
+    text=True,
+  )
+  if result.returncode:
+    raise UserError(
+      f"the {n_devices}-device run failed: {(result.stderr or result.stdout).strip()[-500:]}"
+    )
+  lines = (workdir / "metrics.jsonl").read_text().splitlines()
+  train = [r for r in map(json.loads, lines) if "loss" in r][2:]  # skip step 1 and warm-up
+  if not train:
+    raise UserError(f"scaling_steps={steps} is too few to measure; use at least 15")
+  return {
+    "n_devices": n_devices,
+    "global_batch": batch,
+    "per_device_batch": batch // n_devices,
+    "examples_per_sec": statistics.median(r["examples_per_sec"] for r in train),
+    "sec_per_batch": statistics.median(r["sec_per_batch"] for r in train),
+    "input_wait_fraction": statistics.median(r["input_wait_fraction"] for r in train),
+  }
+
+
+def _with_speedups(rows: list[dict], mode: str) -> list[dict]:
+  base = rows[0]["examples_per_sec"] / rows[0]["n_devices"]
+  return [
+    {
+      "mode": mode,
+      **r,
+      "speedup": r["examples_per_sec"] / rows[0]["examples_per_sec"],
+      "efficiency": r["examples_per_sec"] / (base * r["n_devices"]),
+    }
+    for r in rows
+  ]
+
+
+def _plot(rows: list[dict], path: Path) -> None:
+  import matplotlib
+  import matplotlib.ticker
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, (ax_tp, ax_speed) = plt.subplots(1, 2, figsize=(11, 4.2))
+  for mode in dict.fromkeys(r["mode"] for r in rows):
+    sel = [r for r in rows if r["mode"] == mode]
+    n = [r["n_devices"] for r in sel]
+    ax_tp.plot(n, [r["examples_per_sec"] for r in sel], "o-", label=f"{mode} scaling")
+    ax_speed.plot(n, [r["speedup"] for r in sel], "o-", label=f"{mode} scaling")
+  n_all = sorted({r["n_devices"] for r in rows})
+  ax_speed.plot(n_all, n_all, "k--", label="ideal")
+  for ax, title, ylabel in (
+    (ax_tp, "throughput", "examples / s"),
+    (ax_speed, "speedup over 1 device", "speedup"),
+  ):
+    ax.set(title=title, xlabel="devices", ylabel=ylabel)
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(n_all))
+    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.grid(alpha=0.3)
+    ax.legend()
+  kind = jax.devices()[0].device_kind
+  where = f"{kind} GPUs" if jax.default_backend() == "gpu" else f"CPU, {os.cpu_count()} cores"
+  fig.suptitle(f"{rows[0]['config']} on {where}")
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def run(config, spec: str, overrides: list, workdir: Path) -> list[dict]:
+  """Runs the report for the training config `spec` (+ overrides) into `workdir`."""
+  backend, n_max = jax.default_backend(), jax.local_device_count()
+  per_device = config.batch_size // n_max
+  if per_device == 0 or config.batch_size % n_max:
+    raise UserError(f"batch_size={config.batch_size} is not divisible by the {n_max} devices")
+  workdir.mkdir(parents=True, exist_ok=True)
+  rows = []
+  modes = {"weak": lambda n: per_device * n}
+  if config.scaling_strong:
+    modes["strong"] = lambda n: config.batch_size
+  for mode, batch_for in modes.items():
+    measured = []
+    for n in device_counts(n_max):
+      print(f"scaling ({mode}): {n} devices, global batch {batch_for(n)} ...", flush=True)
+      run_dir = workdir / "scaling" / f"{mode}-{n}"
+      measured.append(_measure(spec, overrides, run_dir, n, batch_for(n), config, backend))
+    rows += [{**r, "config": spec} for r in _with_speedups(measured, mode)]
+
+  with open(workdir / "scaling.csv", "w", newline="") as f:
+    writer = csv.DictWriter(f, COLUMNS)
+    writer.writeheader()
+    writer.writerows(rows)
+  _plot(rows, workdir / "scaling.png")
+  print(
+    f"\n{'mode':6} {'devices':>7} {'batch':>6} {'examples/s':>11} {'s/batch':>8} "
+    f"{'speedup':>8} {'efficiency':>10} {'input wait':>10}"
+  )
+  for r in rows:
+    print(
+      f"{r['mode']:6} {r['n_devices']:7d} {r['global_batch']:6d} {r['examples_per_sec']:11.1f} "
+      f"{r['sec_per_batch']:8.3f} {r['speedup']:8.2f} {r['efficiency']:10.0%} "
+      f"{r['input_wait_fraction']:10.1%}"
+    )
+  print(f"\nwrote {workdir / 'scaling.csv'} and {workdir / 'scaling.png'}")
+  return rows

@@ -1,0 +1,154 @@
+"""The device side of training: one step and one eval batch, written for ONE device.
+
+`jax.pmap` wraps them in research/train.py. Every collective names `AXIS`. Inputs are either
+device-resident (a whole uint8 dataset shard; the batch is gathered on device) or streamed
+(a batch decoded by host workers and prefetched); both feed the same `train_step`.
+"""
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax.training import train_state
+from jax import lax
+
+AXIS = "devices"  # the one pmap axis: every lax.pmean/psum and every BatchNorm names it
+
+
+class TrainState(train_state.TrainState):
+  batch_stats: Any  # BatchNorm running statistics; identical on every replica
+
+
+def cross_entropy(logits, labels, num_classes: int, label_smoothing: float):
+  """Mean softmax cross-entropy in float32, with optional label smoothing."""
+  targets = optax.smooth_labels(jax.nn.one_hot(labels, num_classes), label_smoothing)
+  return optax.softmax_cross_entropy(logits.astype(jnp.float32), targets).mean()
+
+
+def device_rngs(rng):
+  """This device's (augment, dropout) keys: the step's key with the device index folded in."""
+  return jax.random.split(jax.random.fold_in(rng, lax.axis_index(AXIS)))
+
+
+def train_step(
+  state, images_u8, labels, rng, *, augment, num_classes, label_smoothing, aux_loss_weight
+):
+  """One optimizer step on this device's part of the global batch.
+
+  Args:
+    images_u8: [per_device_batch, H, W, C] uint8.
+    labels: [per_device_batch] int32.
+    rng: the step's key, the same on every device; each device folds in its index.
+  """
+  augment_rng, dropout_rng = device_rngs(rng)
+  images = augment(augment_rng, images_u8)  # [per_device_batch, H, W, C] float32
+
+  def loss_fn(params):
+    outputs, updates = state.apply_fn(
+      {"params": params, "batch_stats": state.batch_stats},
+      images,
+      train=True,
+      rngs={"dropout": dropout_rng},
+      mutable=["batch_stats"],
+    )
+    logits, aux_logits = outputs if isinstance(outputs, tuple) else (outputs, None)
+    loss = cross_entropy(logits, labels, num_classes, label_smoothing)
+    if aux_logits is not None:  # Inception's auxiliary head
+      loss += aux_loss_weight * cross_entropy(aux_logits, labels, num_classes, label_smoothing)
+    return loss, (logits, updates.get("batch_stats", {}))
+
+  (loss, (logits, batch_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+  # Every device gets the gradient of the mean loss over the GLOBAL batch. BatchNorm already
+  # reduced its statistics over AXIS, so batch_stats agree on every device without a pmean.
+  grads = lax.pmean(grads, AXIS)
+  metrics = lax.pmean({"loss": loss, "accuracy": jnp.mean(logits.argmax(-1) == labels)}, AXIS)
+  new_state = state.apply_gradients(grads=grads, batch_stats=batch_stats)
+  metrics["grad_norm"] = optax.tree.norm(grads)
+  metrics["param_norm"] = optax.tree.norm(new_state.params)
+  return new_state, metrics
+
+
+def batch_indices(step, shuffle_key, shard_size: int, per_device_batch: int):
+  """This step's positions in the local shard: a slice of the epoch's permutation."""
+  steps_per_epoch = shard_size // per_device_batch
+  epoch, index_in_epoch = jnp.divmod(step, steps_per_epoch)
+  permutation = jax.random.permutation(jax.random.fold_in(shuffle_key, epoch), shard_size)
+  return lax.dynamic_slice_in_dim(permutation, index_in_epoch * per_device_batch, per_device_batch)
+
+
+def resident_batch(step, shard, *, shuffle_key, step_key, per_device_batch):
+  """Gathers step `step`'s batch from the device-resident shard (uint8, never leaves)."""
+  images_u8, labels = shard  # [shard_size, H, W, C], [shard_size]
+  idx = batch_indices(step, shuffle_key, labels.shape[0], per_device_batch)
+  return images_u8[idx], labels[idx], jax.random.fold_in(step_key, step)
+
+
+def resident_train_step(state, shard, *, batch_kwargs, **step_kwargs):
+  """`train_step` on this step's batch gathered from the resident shard."""
+  return train_step(state, *resident_batch(state.step, shard, **batch_kwargs), **step_kwargs)
+
+
+def preview_augmented(step, shard, *, augment, batch_kwargs, count: int):
+  """The first `count` images of this device's batch at `step`, augmented as training sees them."""
+  images_u8, _, rng = resident_batch(step, shard, **batch_kwargs)
+  augment_rng, _ = device_rngs(rng)
+  return augment(augment_rng, images_u8)[:count]  # whole batch: the same per-example keys
+
+
+def streamed_train_step(state, batch, *, step_key, **kwargs):
+  """`train_step` on a batch that host workers decoded and prefetched to this device."""
+  images_u8, labels = batch  # [per_device_batch, H, W, C] uint8, [per_device_batch]
+  return train_step(state, images_u8, labels, jax.random.fold_in(step_key, state.step), **kwargs)
+
+
+def eval_sums(state, images_u8, labels, mask, *, preprocess):
+  """Sums of loss, correct predictions and real examples (mask = 1) over one batch."""
+  images = preprocess(jax.random.key(0), images_u8)  # deterministic ops only
+  logits = state.apply_fn(
+    {"params": state.params, "batch_stats": state.batch_stats}, images, train=False
+  ).astype(jnp.float32)
+  losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+  return {
+    "loss_sum": jnp.sum(losses * mask),
+    "correct": jnp.sum((logits.argmax(-1) == labels) * mask),
+    "count": jnp.sum(mask),
+  }
+
+
+def streamed_eval(state, batch, totals, *, preprocess):
+  """Adds one streamed eval batch to the running `totals` (summed over all devices)."""
+  sums = lax.psum(eval_sums(state, *batch, preprocess=preprocess), AXIS)
+  return jax.tree.map(jnp.add, totals, sums)
+
+
+def resident_eval(state, shard, *, preprocess, per_device_batch):
+  """`eval_sums` over the whole (padded) resident test shard, summed over all devices."""
+  images_u8, labels, mask = shard  # [num_batches * per_device_batch, ...]
+
+  def one_batch(totals, start):
+    take = lambda x: lax.dynamic_slice_in_dim(x, start, per_device_batch)
+    sums = eval_sums(state, take(images_u8), take(labels), take(mask), preprocess=preprocess)
+    return jax.tree.map(jnp.add, totals, sums), None
+
+  starts = jnp.arange(0, labels.shape[0], per_device_batch)
+  totals, _ = lax.scan(one_batch, zero_totals(), starts)
+  return lax.psum(totals, AXIS)
+
+
+def zero_totals():
+  return {"loss_sum": jnp.float32(0), "correct": jnp.float32(0), "count": jnp.float32(0)}
+
+
+def create_train_state(rng, config, model, image_shape, tx) -> TrainState:
+  variables = jax.jit(functools.partial(model.init, train=False))(
+    rng, jnp.zeros((1, *image_shape), jnp.float32)
+  )
+  state = TrainState.create(
+    apply_fn=model.apply,
+    params=variables["params"],
+    batch_stats=variables.get("batch_stats", {}),
+    tx=tx,
+  )
+  return jax.device_get(state)
