@@ -124,6 +124,32 @@ def _resize_window(image, top, left, height, width, size: int):
   )
 
 
+def sample_crop_window(
+  rng, height, width, area_range, aspect_range, attempts: int
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  """(top, left, crop_height, crop_width) covering a random share of the image in
+  `area_range` with aspect ratio (width / height) in `aspect_range`. Of `attempts`
+  candidates the first that fits inside the image is used; if none fits, the whole image."""
+  k_area, k_aspect, k_y, k_x = jax.random.split(rng, 4)
+  area = (
+    height
+    * width
+    * jax.random.uniform(k_area, (attempts,), minval=area_range[0], maxval=area_range[1])
+  )
+  log_aspect = jax.random.uniform(
+    k_aspect, (attempts,), minval=jnp.log(aspect_range[0]), maxval=jnp.log(aspect_range[1])
+  )
+  crop_w = jnp.sqrt(area * jnp.exp(log_aspect))
+  crop_h = jnp.sqrt(area / jnp.exp(log_aspect))
+  fits = (crop_w <= width) & (crop_h <= height)
+  pick = jnp.argmax(fits)  # the first candidate that fits
+  crop_h = jnp.where(fits[pick], crop_h[pick], height)
+  crop_w = jnp.where(fits[pick], crop_w[pick], width)
+  top = jax.random.uniform(k_y) * (height - crop_h)
+  left = jax.random.uniform(k_x) * (width - crop_w)
+  return top, left, crop_h, crop_w
+
+
 @register("inception_crop")
 def inception_crop(
   size: int,
@@ -133,27 +159,13 @@ def inception_crop(
   aspect_max: float = 4 / 3,
   attempts: int = 10,
 ) -> Op:
-  """Random crop of `area_min`..`area_max` of the image with aspect ratio (w/h) in
-  `aspect_min`..`aspect_max`, resized to size × size — Inception's distorted crop with the
-  whole image as the bounding box. Of `attempts` candidates the first that fits is used;
-  if none fits, the whole image."""
+  """Inception's distorted crop (the whole image as bounding box), resized to size × size."""
 
   def op(rng, image):
-    h, w = image.shape[0], image.shape[1]
-    k_area, k_aspect, k_y, k_x = jax.random.split(rng, 4)
-    area = h * w * jax.random.uniform(k_area, (attempts,), minval=area_min, maxval=area_max)
-    log_aspect = jax.random.uniform(
-      k_aspect, (attempts,), minval=jnp.log(aspect_min), maxval=jnp.log(aspect_max)
+    window = sample_crop_window(
+      rng, image.shape[0], image.shape[1], (area_min, area_max), (aspect_min, aspect_max), attempts
     )
-    crop_w = jnp.sqrt(area * jnp.exp(log_aspect))
-    crop_h = jnp.sqrt(area / jnp.exp(log_aspect))
-    fits = (crop_w <= w) & (crop_h <= h)
-    pick = jnp.argmax(fits)  # the first candidate that fits
-    crop_h = jnp.where(fits[pick], crop_h[pick], h)
-    crop_w = jnp.where(fits[pick], crop_w[pick], w)
-    top = jax.random.uniform(k_y) * (h - crop_h)
-    left = jax.random.uniform(k_x) * (w - crop_w)
-    return _resize_window(image, top, left, crop_h, crop_w, size)
+    return _resize_window(image, *window, size)
 
   return op
 

@@ -116,8 +116,10 @@ def run(argv: list[str]) -> None:
     raise UserError(
       f"experiment={config.experiment!r} is unknown; use 'train' or one of {experiments}"
     )
+  experiment = importlib.import_module(f"research.experiments.{config.experiment}")
+  experiment.check_config(config, jax.local_device_count())  # before anything is written
   workdir_lib.prepare(workdir, config)
-  importlib.import_module(f"research.experiments.{config.experiment}").run(config, str(workdir))
+  experiment.run(config, str(workdir))
 
 
 def main() -> int:

@@ -1,0 +1,179 @@
+"""Inception-v3 (Szegedy et al. 2015, "Rethinking the Inception Architecture"), as in Keras
+applications `InceptionV3` and TF-slim `inception_v3`.
+
+299×299 input → stem → 3 × Inception-A (35×35) → grid reduction → 4 × Inception-B with
+factorised 1×7/7×1 convolutions (17×17) → grid reduction → 2 × Inception-C (8×8) → global
+average pool → dropout → dense. Every convolution has no bias and is followed by BatchNorm
+without scale (epsilon 1e-3) and ReLU. At 1000 classes without the auxiliary head this has
+Keras' 23,817,352 trainable parameters and 34,432 BatchNorm statistics.
+
+model_config fields:
+  num_classes; dtype ('float32' | 'bfloat16': compute dtype — params and BatchNorm statistics
+  stay float32, logits are returned in float32); aux_logits (the auxiliary classifier on the
+  17×17 features, as in TF-slim; training returns (logits, aux_logits), its loss weight is
+  the config's `aux_loss_weight`, 0.4 in the reference); dropout_rate (0.2 = slim's keep
+  probability 0.8); bn_momentum (0.9997 as slim; Keras uses 0.99); width (channel multiplier,
+  1.0 = the reference; smaller only for tests).
+"""
+
+import functools
+
+import flax.linen as nn
+import jax.numpy as jnp
+import ml_collections
+
+
+class ConvBN(nn.Module):
+  """Convolution without bias → BatchNorm (no scale) → ReLU, Keras' `conv2d_bn`."""
+
+  features: int
+  kernel: tuple[int, int]
+  strides: int = 1
+  padding: str = "SAME"
+  norm: functools.partial = None
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.Conv(
+      self.features,
+      self.kernel,
+      strides=self.strides,
+      padding=self.padding,
+      use_bias=False,
+      dtype=x.dtype,
+    )(x)
+    return nn.relu(self.norm()(x))
+
+
+def _avg_pool_same(x):
+  pooled = nn.avg_pool(x, (3, 3), strides=(1, 1), padding="SAME", count_include_pad=False)
+  return pooled.astype(x.dtype)  # the divisor counts are float32; keep the compute dtype
+
+
+def _max_pool_reduce(x):
+  return nn.max_pool(x, (3, 3), strides=(2, 2), padding="VALID")
+
+
+class InceptionV3(nn.Module):
+  num_classes: int
+  aux_logits: bool = True
+  dropout_rate: float = 0.2
+  bn_momentum: float = 0.9997
+  width: float = 1.0
+  axis_name: str | None = None
+  dtype: jnp.dtype = jnp.float32
+
+  def _conv(self, norm):
+    def conv(x, features, kernel, strides=1, padding="SAME", name=None):
+      features = max(1, round(features * self.width))
+      return ConvBN(features, kernel, strides, padding, norm, name=name)(x)
+
+    return conv
+
+  @nn.compact
+  def __call__(self, x, train: bool):
+    norm = functools.partial(
+      nn.BatchNorm,
+      use_running_average=not train,
+      momentum=self.bn_momentum,
+      epsilon=1e-3,
+      use_scale=False,
+      axis_name=self.axis_name,  # statistics averaged over all replicas
+      dtype=self.dtype,
+    )
+    conv = self._conv(norm)
+    x = x.astype(self.dtype)
+
+    # Stem: 299 → 149 → 147 → 147 → 73 → 73 → 71 → 35.
+    x = conv(x, 32, (3, 3), strides=2, padding="VALID")
+    x = conv(x, 32, (3, 3), padding="VALID")
+    x = conv(x, 64, (3, 3))
+    x = _max_pool_reduce(x)
+    x = conv(x, 80, (1, 1), padding="VALID")
+    x = conv(x, 192, (3, 3), padding="VALID")
+    x = _max_pool_reduce(x)
+
+    for pool_features in (32, 64, 64):  # mixed0-2: Inception-A, 35×35
+      x = jnp.concatenate(
+        [
+          conv(x, 64, (1, 1)),
+          conv(conv(x, 48, (1, 1)), 64, (5, 5)),
+          conv(conv(conv(x, 64, (1, 1)), 96, (3, 3)), 96, (3, 3)),
+          conv(_avg_pool_same(x), pool_features, (1, 1)),
+        ],
+        axis=-1,
+      )
+
+    x = jnp.concatenate(  # mixed3: grid reduction 35 → 17
+      [
+        conv(x, 384, (3, 3), strides=2, padding="VALID"),
+        conv(conv(conv(x, 64, (1, 1)), 96, (3, 3)), 96, (3, 3), strides=2, padding="VALID"),
+        _max_pool_reduce(x),
+      ],
+      axis=-1,
+    )
+
+    for c7 in (128, 160, 160, 192):  # mixed4-7: Inception-B with 1×7 / 7×1 factorisation
+      branch7x7 = conv(conv(conv(x, c7, (1, 1)), c7, (1, 7)), 192, (7, 1))
+      branch7x7dbl = conv(x, c7, (1, 1))
+      for features, kernel in ((c7, (7, 1)), (c7, (1, 7)), (c7, (7, 1)), (192, (1, 7))):
+        branch7x7dbl = conv(branch7x7dbl, features, kernel)
+      x = jnp.concatenate(
+        [conv(x, 192, (1, 1)), branch7x7, branch7x7dbl, conv(_avg_pool_same(x), 192, (1, 1))],
+        axis=-1,
+      )
+
+    aux = None
+    if self.aux_logits:  # on the 17×17×768 features, as TF-slim; built in eval mode too so
+      # that init (which runs in eval mode) creates its parameters; returned in training only
+      aux = nn.avg_pool(x, (5, 5), strides=(3, 3), padding="VALID")  # 17 → 5
+      aux = conv(aux, 128, (1, 1), name="aux_conv0")
+      aux = conv(aux, 768, aux.shape[1:3], padding="VALID", name="aux_conv1")  # 5×5 → 1×1
+      aux = nn.Dense(self.num_classes, dtype=self.dtype, name="aux_logits")(aux.mean((1, 2)))
+
+    x = jnp.concatenate(  # mixed8: grid reduction 17 → 8
+      [
+        conv(conv(x, 192, (1, 1)), 320, (3, 3), strides=2, padding="VALID"),
+        conv(
+          conv(conv(conv(x, 192, (1, 1)), 192, (1, 7)), 192, (7, 1)),
+          192,
+          (3, 3),
+          strides=2,
+          padding="VALID",
+        ),
+        _max_pool_reduce(x),
+      ],
+      axis=-1,
+    )
+
+    for _ in range(2):  # mixed9-10: Inception-C with 1×3 / 3×1 splits, 8×8
+      branch3x3 = conv(x, 384, (1, 1))
+      branch3x3dbl = conv(conv(x, 448, (1, 1)), 384, (3, 3))
+      x = jnp.concatenate(
+        [
+          conv(x, 320, (1, 1)),
+          conv(branch3x3, 384, (1, 3)),
+          conv(branch3x3, 384, (3, 1)),
+          conv(branch3x3dbl, 384, (1, 3)),
+          conv(branch3x3dbl, 384, (3, 1)),
+          conv(_avg_pool_same(x), 192, (1, 1)),
+        ],
+        axis=-1,
+      )
+
+    x = x.mean(axis=(1, 2))  # global average pool: [batch, 2048]
+    x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
+    logits = nn.Dense(self.num_classes, dtype=self.dtype, name="logits")(x).astype(jnp.float32)
+    return (logits, aux.astype(jnp.float32)) if train and aux is not None else logits
+
+
+def create(model_config: ml_collections.ConfigDict, axis_name: str | None) -> nn.Module:
+  return InceptionV3(
+    num_classes=model_config.num_classes,
+    aux_logits=model_config.aux_logits,
+    dropout_rate=model_config.dropout_rate,
+    bn_momentum=model_config.bn_momentum,
+    width=model_config.width,
+    axis_name=axis_name,
+    dtype=jnp.dtype(model_config.dtype),
+  )

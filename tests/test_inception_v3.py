@@ -1,0 +1,76 @@
+"""Inception-v3: the reference parameter counts, output shapes, bfloat16 compute."""
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import pytest
+
+from research import models
+
+
+def _model(**overrides):
+  fields = dict(
+    name="inception_v3",
+    num_classes=1000,
+    aux_logits=True,
+    dropout_rate=0.2,
+    bn_momentum=0.9997,
+    width=1.0,
+    dtype="float32",
+  )
+  return models.create(ml_collections.ConfigDict({**fields, **overrides}), None)
+
+
+def _init_shapes(model, size=299, train=True):
+  rngs = {"params": jax.random.key(0), "dropout": jax.random.key(1)}
+  return jax.eval_shape(lambda: model.init(rngs, jnp.zeros((2, size, size, 3)), train=train))
+
+
+def _count(tree):
+  return sum(x.size for x in jax.tree.leaves(tree))
+
+
+def test_parameter_count_equals_keras_inception_v3():
+  variables = _init_shapes(_model(aux_logits=False))
+  assert _count(variables["params"]) == 23_817_352  # Keras: trainable (BN without scale)
+  assert _count(variables["batch_stats"]) == 34_432  # Keras: non-trainable (mean, var)
+
+
+def test_auxiliary_head_adds_the_slim_aux_classifier():
+  variables = _init_shapes(_model())
+  # conv 1×1 768→128, conv 5×5 128→768, their BN offsets (128 + 768), dense 768→1000.
+  aux = 768 * 128 + 5 * 5 * 128 * 768 + 128 + 768 + 768 * 1000 + 1000
+  assert _count(variables["params"]) == 23_817_352 + aux
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_outputs_main_and_aux_logits_in_training_only(train):
+  model = _model()
+  variables = _init_shapes(model, train=True)
+  out = jax.eval_shape(
+    lambda v: model.apply(
+      v,
+      jnp.zeros((2, 299, 299, 3)),
+      train=train,
+      rngs={"dropout": jax.random.key(0)},
+      mutable=["batch_stats"] if train else False,
+    ),
+    variables,
+  )
+  if train:
+    (logits, aux), _ = out
+    assert logits.shape == aux.shape == (2, 1000)
+  else:
+    assert out.shape == (2, 1000)
+
+
+def test_bfloat16_computes_in_bf16_but_keeps_params_and_stats_in_float32():
+  model = _model(dtype="bfloat16")
+  variables = _init_shapes(model)
+  assert {x.dtype for x in jax.tree.leaves(variables)} == {jnp.dtype("float32")}
+  jaxpr = jax.make_jaxpr(lambda v: model.apply(v, jnp.zeros((1, 299, 299, 3)), train=False))(
+    {"params": variables["params"], "batch_stats": variables["batch_stats"]}
+  )
+  convs = [e for e in jaxpr.eqns if e.primitive.name == "conv_general_dilated"]
+  assert convs and all(e.outvars[0].aval.dtype == jnp.bfloat16 for e in convs)
+  assert jaxpr.out_avals[0].dtype == jnp.float32  # logits: the loss is computed in float32
