@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # ./launch.sh CONFIG[:variant] [--workdir=DIR] [--config.FIELD=VALUE ...]   train / run an experiment
 # ./launch.sh test [PYTEST_ARGS ...]                                         lint + the test suite
+# ./launch.sh bench [--small]                                                benchmark ratios
 #
 # On first use this creates .venv and installs the project from pyproject.toml (with the
 # cuda12 extra when `nvidia-smi` finds a GPU); later runs reuse it and start in seconds.
@@ -27,7 +28,7 @@ setup_venv() {  # $1: the extras to install, e.g. "test" or "cuda12"
 }
 
 if [[ $# -lt 1 || $1 == -h || $1 == --help ]]; then
-  sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'
   exit 1
 fi
 
@@ -45,6 +46,11 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   extras=test,cuda12
 fi
 setup_venv "$extras"
+
+if [[ $1 == bench ]]; then
+  shift
+  exec "$VENV/bin/python" -m research.benchmark "$@"
+fi
 
 config=$1
 shift

@@ -5,11 +5,13 @@ device does in a step is research/steps.py. The host here only dispatches steps,
 metrics every `log_every_steps`, and times how long it waited for input.
 """
 
+import dataclasses
 import functools
 import itertools
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import flax
@@ -28,7 +30,7 @@ from research.inputs import Inputs
 from research.metrics import MetricsLog
 from research.placement import first_replica, replicate
 from research.preemption import Preempted, Preemption
-from research.steps import AXIS, create_train_state
+from research.steps import AXIS, TrainState, create_train_state
 
 # When the loop waits for input more than this share of the time, the log says so.
 INPUT_BOUND = 0.1
@@ -128,13 +130,19 @@ def _make_inputs(config, *, step_kwargs, preprocess, keys, per_device_batch) -> 
   )
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  """Trains `config` on all devices, writing logs and checkpoints to `workdir`.
+@dataclasses.dataclass
+class Setup:
+  """Everything a run needs before its first step: data, initial state, schedule, length."""
 
-  Returns the final eval record. Raises Preempted after saving a checkpoint on SIGTERM.
-  """
-  workdir = Path(workdir)
-  is_main = jax.process_index() == 0
+  inputs: Inputs
+  state: TrainState
+  schedule: Callable
+  num_steps: int
+  per_device_batch: int
+
+
+def setup(config: ml_collections.ConfigDict) -> Setup:
+  """Validates `config`, opens its data and builds the initial state; writes nothing."""
   n_devices = jax.device_count()
   augment = augment_lib.build(config.augment)  # parse errors surface before data loading
   preprocess = augment_lib.build(config.eval_preprocess)
@@ -155,18 +163,31 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     keys=(shuffle_key, step_key),
     per_device_batch=per_device_batch,
   )
-  if inputs.fallback_reason and is_main:
-    print(
-      _banner(f"NO CIFAR-10: TRAINING ON SYNTHETIC DATA.\n{inputs.fallback_reason}"), flush=True
-    )
   num_steps = config.num_train_steps
   if num_steps <= 0:
     num_steps = config.num_epochs * inputs.steps_per_epoch
-
   schedule = optim.learning_rate_schedule(config, inputs.steps_per_epoch, num_steps)
   tx = optim.create_optimizer(config, schedule)
   model_input = jax.eval_shape(augment, init_key, np.zeros((1, *inputs.example_shape), np.uint8))
   state = create_train_state(init_key, config, model, model_input.shape[1:], tx)
+  return Setup(inputs, state, schedule, num_steps, per_device_batch)
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """Trains `config` on all devices, writing logs and checkpoints to `workdir`.
+
+  Returns the final eval record. Raises Preempted after saving a checkpoint on SIGTERM.
+  """
+  workdir = Path(workdir)
+  is_main = jax.process_index() == 0
+  n_devices = jax.device_count()
+  run = setup(config)
+  inputs, state, schedule, num_steps = run.inputs, run.state, run.schedule, run.num_steps
+  per_device_batch = run.per_device_batch
+  if inputs.fallback_reason and is_main:
+    print(
+      _banner(f"NO CIFAR-10: TRAINING ON SYNTHETIC DATA.\n{inputs.fallback_reason}"), flush=True
+    )
 
   workdir_lib.prepare(workdir, config)  # input validated: from here on we write
   bar = tqdm.tqdm(

@@ -1,0 +1,215 @@
+"""Benchmarks that print RATIOS measured within one run (the machines are shared and noisy).
+
+  ./launch.sh bench                 # the configs as they are (for GPU hosts)
+  ./launch.sh bench --small         # smaller models and batches, for a CPU
+
+  loop efficiency       full training loop examples/s ÷ the bare pmapped step on the same
+                        device-resident data (goal ≥ 0.97): what logging, metrics fetches
+                        and the Python loop cost.
+  augmentation overhead bare step with the config's augmentation ÷ with only its
+                        deterministic part (goal ≥ 0.95).
+  on-device vs host     the same crop/shift/flip done with NumPy in host worker processes
+                        and shipped to the devices every step (the Keras write-up's way) ÷
+                        on device: examples/s of host ÷ device.
+  conv2d                steady-state lax.conv on 1 device vs scipy.signal.convolve2d in a
+                        Python loop, on the conv2d write-up's workload.
+All training benchmarks use the synthetic dataset (same shapes as CIFAR-10; throughput of
+resident data does not depend on pixel values). Results go to the console and
+WORKDIR/benchmark.json.
+"""
+
+import argparse
+import functools
+import json
+import multiprocessing
+import os
+import statistics
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from research import augment as augment_lib
+from research import configuration
+from research.data.streaming import prefetch_to_devices
+from research.placement import replicate
+from research.steps import AXIS, streamed_train_step
+from research.train import setup, train_and_evaluate
+
+GOALS = {"loop_efficiency": 0.97, "augmentation_overhead": 0.95}
+CONFIGS = ("configs/cifar_vgg.py", "configs/cifar_keras_cnn.py")
+SMALL = {  # --small: sizes a 2-core CPU measures in minutes
+  "configs/cifar_vgg.py": dict(batch_size=64, model=dict(depth=11, width=0.25)),
+  "configs/cifar_keras_cnn.py": dict(batch_size=64),
+}
+
+
+def _config(path: str, small: bool, **overrides):
+  config = configuration.load(path)
+  config.update(dataset="synthetic", synthetic_train_size=8192, checkpoint_every_steps=0)
+  if small:
+    config.update(SMALL[path])
+  config.update(synthetic_test_size=config.eval_batch_size, eval_every_steps=0, **overrides)
+  return config
+
+
+def _time_steps(p_step, rstate, batches, steps: int) -> float:
+  """Examples/s of `steps` back-to-back steps after 3 warm-up steps; blocks once at the end."""
+  for _ in range(3):
+    rstate, metrics = p_step(rstate, next(batches))
+  jax.block_until_ready(metrics)
+  start = time.perf_counter()
+  for _ in range(steps):
+    rstate, metrics = p_step(rstate, next(batches))
+  jax.block_until_ready(metrics)
+  return time.perf_counter() - start
+
+
+def bare_step(config, steps: int) -> float:
+  """Examples/s of the pmapped step alone on device-resident data: no logging, no fetches."""
+  run = setup(config)
+  p_step = jax.pmap(run.inputs.train_step, axis_name=AXIS, donate_argnums=(0,))
+  seconds = _time_steps(p_step, replicate(run.state), run.inputs.batches(0), steps)
+  return steps * config.batch_size / seconds
+
+
+def full_loop(config, steps: int, workdir: Path) -> float:
+  """Examples/s the training loop itself reports, over its intervals after warm-up."""
+  interval = max(1, steps // 4)
+  config.update(num_train_steps=3 + 4 * interval, log_every_steps=interval)
+  train_and_evaluate(config, str(workdir))
+  records = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
+  train = [r for r in records if "loss" in r][2:]  # not step 1, not the warm-up interval
+  return statistics.median(r["examples_per_sec"] for r in train)
+
+
+def _host_augment(args):
+  """NumPy crop/shift + flip of one batch in a worker process (ImageDataGenerator-style)."""
+  images, seed, pad, mode = args
+  rng = np.random.default_rng(seed)
+  n, h, w, _ = images.shape
+  padded = np.pad(images, ((0, 0), (pad, pad), (pad, pad), (0, 0)), mode=mode)
+  out = np.empty_like(images)
+  for i, (dy, dx) in enumerate(rng.integers(0, 2 * pad + 1, (n, 2))):
+    out[i] = padded[i, dy : dy + h, dx : dx + w]
+    if rng.random() < 0.5:
+      out[i] = out[i, :, ::-1]
+  return out
+
+
+def _split_policy(spec: str):
+  """The geometric ops the host can do, (pad, mode), and what stays on device."""
+  ops = [p.strip() for p in spec.split("|") if p.strip()]
+  geometric = [p for p in ops if p.startswith(("crop", "shift", "flip_lr"))]
+  pad, mode = 4, "constant"
+  for op in geometric:
+    if op.startswith("shift"):
+      pad, mode = round(float(op[6:-1]) * 32), "edge"
+    elif op.startswith("crop"):
+      pad = int(op[5:-1].split(",")[0])
+  return (pad, mode), "|".join(p for p in ops if p not in geometric)
+
+
+def host_augmented(config, steps: int, workers: int) -> float:
+  """Examples/s when worker processes augment every batch on the host, as in the write-up."""
+  (pad, mode), on_device = _split_policy(config.augment)
+  device_config = config.copy_and_resolve_references()
+  device_config.augment = on_device
+  run = setup(device_config)
+  step = jax.pmap(
+    functools.partial(
+      streamed_train_step,
+      step_key=jax.random.key(0),
+      augment=augment_lib.build(on_device),
+      num_classes=config.model.num_classes,
+      label_smoothing=config.label_smoothing,
+      aux_loss_weight=config.aux_loss_weight,
+    ),
+    axis_name=AXIS,
+    donate_argnums=(0,),
+  )
+  data = np.random.default_rng(0).integers(0, 256, (8192, 32, 32, 3), dtype=np.uint8)
+  labels = np.random.default_rng(1).integers(0, 10, 8192).astype(np.int32)
+  b = config.batch_size
+
+  def jobs():  # finite: Pool.imap queues its whole input at once
+    for i in range(steps + 3 + 4):  # timed + warm-up steps + what prefetch holds
+      idx = np.random.default_rng(i).integers(0, len(data), b)
+      yield data[idx], i, pad, mode
+
+  with multiprocessing.get_context("spawn").Pool(workers) as pool:
+    augmented = pool.imap(_host_augment, jobs(), chunksize=1)
+    batches = ({"image": x, "label": labels[:b], "mask": np.ones(b, np.float32)} for x in augmented)
+    on_devices = ((images, labels_) for images, labels_, _ in prefetch_to_devices(batches, 2))
+    seconds = _time_steps(step, replicate(run.state), on_devices, steps)
+  return steps * b / seconds
+
+
+def conv2d_vs_scipy(repeats: int = 5) -> float:
+  """scipy seconds ÷ steady lax.conv seconds on the write-up's workload (above 1: XLA wins)."""
+  from research.experiments import conv2d_scaling
+
+  config = configuration.load("configs/conv2d_scaling.py")
+  images, kernel = conv2d_scaling.make_inputs(config, config.num_images)
+  parts = conv2d_scaling.time_parts(images, kernel, config.padding, jax.devices()[:1], repeats)
+  scipy_s, _ = conv2d_scaling.time_scipy(images, kernel, config.padding)
+  return scipy_s / parts["compute_s"]
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--small", action="store_true", help="smaller models, for CPUs")
+  parser.add_argument("--steps", type=int, default=40, help="timed steps per measurement")
+  parser.add_argument("--workers", type=int, default=os.cpu_count(), help="host aug. workers")
+  parser.add_argument("--workdir", default=f"runs/benchmark-{time.strftime('%Y%m%d-%H%M%S')}")
+  args = parser.parse_args()
+  workdir = Path(args.workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  results = {
+    "device": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
+    "jax_version": jax.__version__,
+    "small": args.small,
+  }
+  for path in CONFIGS:
+    name = Path(path).stem
+    bare = bare_step(_config(path, args.small), args.steps)
+    loop = full_loop(_config(path, args.small), args.steps, workdir / f"loop-{name}")
+    plain = bare_step(_config(path, args.small, augment=""), args.steps)
+    host = host_augmented(_config(path, args.small), args.steps, args.workers)
+    results[name] = {
+      "bare_step_examples_per_sec": bare,
+      "loop_examples_per_sec": loop,
+      "no_augment_examples_per_sec": plain,
+      "host_augment_examples_per_sec": host,
+      "loop_efficiency": loop / bare,
+      "augmentation_overhead": bare / plain,
+      "host_vs_device_augmentation": host / bare,
+    }
+  results["conv2d_scipy_over_lax_conv"] = conv2d_vs_scipy()
+  (workdir / "benchmark.json").write_text(json.dumps(results, indent=2) + "\n")
+
+  print(f"\n{results['device']}, JAX {results['jax_version']}, small={args.small}")
+  print(
+    f"{'':28} {'bare ex/s':>10} {'loop ex/s':>10} {'loop eff':>9} {'aug ovh':>8} {'host/dev':>9}"
+  )
+  for path in CONFIGS:
+    r = results[Path(path).stem]
+    print(
+      f"{Path(path).stem:28} {r['bare_step_examples_per_sec']:10.1f} "
+      f"{r['loop_examples_per_sec']:10.1f} {r['loop_efficiency']:9.3f} "
+      f"{r['augmentation_overhead']:8.3f} {r['host_vs_device_augmentation']:9.3f}"
+    )
+  print(
+    f"goals: loop efficiency >= {GOALS['loop_efficiency']}, augmentation overhead >= "
+    f"{GOALS['augmentation_overhead']} (examples/s with ÷ without)"
+  )
+  print(
+    f"conv2d write-up workload: scipy time / steady lax.conv time = "
+    f"{results['conv2d_scipy_over_lax_conv']:.2f}"
+  )
+  print(f"wrote {workdir / 'benchmark.json'}")
+
+
+if __name__ == "__main__":
+  main()
