@@ -6,7 +6,6 @@ number of devices.
 """
 
 import shutil
-import time
 from pathlib import Path
 
 import ml_collections
@@ -54,12 +53,10 @@ class Checkpoints:
       return serialization.from_state_dict(state, restored)
     return state
 
-  def save(self, step: int, state) -> float:
-    """Starts writing `state` (host arrays) in the background; returns the seconds it blocked."""
-    start = time.perf_counter()
+  def save(self, step: int, state) -> None:
+    """Starts writing `state` (host arrays) in the background and returns."""
     if step not in self.manager.all_steps():
       self.manager.save(step, args=ocp.args.StandardSave(serialization.to_state_dict(state)))
-    return time.perf_counter() - start
 
   def close(self) -> None:
     """Waits for writes in flight to finish."""

@@ -235,7 +235,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   batches = itertools.chain([first_batch], batches)
 
   profile = tuple(config.profile_steps)
-  pending, input_wait = [], 0.0
+  pending, input_wait, paused = [], 0.0, 0.0
   interval_start = time.perf_counter()
   try:
     with Preemption() as preemption:
@@ -251,7 +251,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         # The first step is logged too (as the TF scripts did): feedback before a slow interval.
         if step % config.log_every_steps == 0 or step in (start_step + 1, num_steps):
           fetched = [first_replica(m) for m in pending]  # blocks until these steps are done
-          elapsed = time.perf_counter() - interval_start
+          elapsed = time.perf_counter() - interval_start - paused  # training time only
           record = _interval_record(step, fetched, elapsed, input_wait, config, schedule)
           if not (np.isfinite(record["loss"]) and np.isfinite(record["grad_norm"])):
             raise UserError(
@@ -262,7 +262,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
           log.train(record)
           if record["input_wait_fraction"] > INPUT_BOUND and is_main:
             echo(INPUT_BOUND_ADVICE.format(record["input_wait_fraction"]))
-          pending, input_wait = [], 0.0
+          pending, input_wait, paused = [], 0.0, 0.0
           interval_start = time.perf_counter()
         if profile and step == profile[1]:
           jax.block_until_ready(rstate)
@@ -271,14 +271,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         if preemption.requested:
           checkpoints.save(step, first_replica(rstate))
           raise Preempted(step)
-        if config.eval_every_steps and step % config.eval_every_steps == 0 and step < num_steps:
-          evaluate(step)
-          interval_start = time.perf_counter()  # eval time is not training time
-        if checkpoints.due(step) and step < num_steps:
-          saved = _finite_or_stop(first_replica(rstate), step, checkpoints)
-          blocked = checkpoints.save(step, saved)
-          echo(f"checkpoint at step {step} started (training blocked {blocked:.2f} s)")
-          interval_start = time.perf_counter()
+        eval_due = config.eval_every_steps and step % config.eval_every_steps == 0
+        if (eval_due or checkpoints.due(step)) and step < num_steps:
+          jax.block_until_ready(rstate)  # dispatched steps finish on the training clock
+          pause_start = time.perf_counter()  # eval and checkpoints are not training time
+          if eval_due:
+            evaluate(step)
+          if checkpoints.due(step):
+            checkpoint_start = time.perf_counter()
+            checkpoints.save(step, _finite_or_stop(first_replica(rstate), step, checkpoints))
+            blocked = time.perf_counter() - checkpoint_start
+            echo(
+              f"checkpoint at step {step}: training paused {blocked:.3f} s (device→host copy; "
+              "the write goes on in the background)"
+            )
+          paused += time.perf_counter() - pause_start
     final = evaluate(num_steps)
     checkpoints.save(num_steps, _finite_or_stop(first_replica(rstate), num_steps, checkpoints))
   finally:
