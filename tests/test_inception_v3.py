@@ -6,6 +6,7 @@ import ml_collections
 import pytest
 
 from research import models
+from research.errors import UserError
 
 
 def _model(**overrides):
@@ -74,3 +75,10 @@ def test_bfloat16_computes_in_bf16_but_keeps_params_and_stats_in_float32():
   convs = [e for e in jaxpr.eqns if e.primitive.name == "conv_general_dilated"]
   assert convs and all(e.outvars[0].aval.dtype == jnp.bfloat16 for e in convs)
   assert jaxpr.out_avals[0].dtype == jnp.float32  # logits: the loss is computed in float32
+
+
+def test_too_small_images_are_a_user_error():
+  with pytest.raises(UserError, match="auxiliary head needs images of at least 107"):
+    _init_shapes(_model(), size=96)
+  with pytest.raises(UserError, match="at least 75"):
+    _init_shapes(_model(aux_logits=False), size=64)

@@ -22,6 +22,8 @@ import flax.linen as nn
 import jax.numpy as jnp
 import ml_collections
 
+from research.errors import UserError
+
 
 class ConvBN(nn.Module):
   """Convolution without bias → BatchNorm (no scale) → ReLU, Keras' `conv2d_bn`."""
@@ -82,6 +84,8 @@ class InceptionV3(nn.Module):
       dtype=self.dtype,
     )
     conv = self._conv(norm)
+    if min(x.shape[1:3]) < 75:
+      raise UserError(f"Inception-v3 needs images of at least 75×75; got {x.shape[1:3]}")
     x = x.astype(self.dtype)
 
     # Stem: 299 → 149 → 147 → 147 → 73 → 73 → 71 → 35.
@@ -124,6 +128,11 @@ class InceptionV3(nn.Module):
       )
 
     aux = None
+    if self.aux_logits and min(x.shape[1:3]) < 5:
+      raise UserError(
+        f"the auxiliary head needs images of at least 107×107 (its 5×5 pool sees "
+        f"{x.shape[1]}×{x.shape[2]} features); set model.aux_logits=False or use larger images"
+      )
     if self.aux_logits:  # on the 17×17×768 features, as TF-slim; built in eval mode too so
       # that init (which runs in eval mode) creates its parameters; returned in training only
       aux = nn.avg_pool(x, (5, 5), strides=(3, 3), padding="VALID")  # 17 → 5
