@@ -1,0 +1,31 @@
+"""The scaling report: one child process per device count, a CSV row each, a plot."""
+
+import csv
+
+from research import configuration, scaling
+
+
+def test_device_counts_double_up_to_all_devices():
+  assert scaling.device_counts(8) == [1, 2, 4, 8]
+  assert scaling.device_counts(6) == [1, 2, 4, 6]
+  assert scaling.device_counts(1) == [1]
+
+
+def test_report_writes_a_row_per_device_count_and_mode_and_a_plot(tmp_path, monkeypatch):
+  monkeypatch.setattr(scaling, "device_counts", lambda n: [1, 2])  # two child runs: quick
+  spec = "configs/cifar_keras_cnn.py:smoke"
+  config = configuration.load(spec)
+  config.update(scaling_steps=15, scaling_strong=True)
+  rows = scaling.run(config, spec, [("scaling_steps", "15")], tmp_path)
+
+  with open(tmp_path / "scaling.csv") as f:
+    saved = list(csv.DictReader(f))
+  assert [(r["mode"], r["n_devices"]) for r in saved] == [
+    ("weak", "1"),
+    ("weak", "2"),
+    ("strong", "1"),
+    ("strong", "2"),
+  ]
+  assert [r["global_batch"] for r in rows] == [8, 16, 64, 64]  # weak keeps 8 per device
+  assert rows[0]["speedup"] == 1.0 and all(r["examples_per_sec"] > 0 for r in rows)
+  assert (tmp_path / "scaling.png").stat().st_size > 10_000
