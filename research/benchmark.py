@@ -140,8 +140,8 @@ def host_augmented(config, steps: int, workers: int) -> float:
 
   with multiprocessing.get_context("spawn").Pool(workers) as pool:
     augmented = pool.imap(_host_augment, jobs(), chunksize=1)
-    batches = ({"image": x, "label": labels[:b], "mask": np.ones(b, np.float32)} for x in augmented)
-    on_devices = ((images, labels_) for images, labels_, _ in prefetch_to_devices(batches, 2))
+    batches = ({"image": x, "label": labels[:b]} for x in augmented)
+    on_devices = prefetch_to_devices(batches, 2)
     seconds = _time_steps(step, replicate(run.state), on_devices, steps)
   return steps * b / seconds
 

@@ -79,14 +79,10 @@ def prefetch_to_devices(batches, depth: int):
   split = lambda x: x.reshape(n_local, -1, *x.shape[1:])  # [devices, per_device, ...]
   queue = collections.deque()
   for batch in batches:
-    queue.append(tuple(to_devices(split(batch[k])) for k in ("image", "label", "mask")))
+    queue.append(tuple(to_devices(split(x)) for x in batch.values()))  # image, label[, mask]
     if len(queue) > depth:
       yield queue.popleft()
   yield from queue
-
-
-def _with_mask(batch):
-  return {**batch, "mask": np.ones(len(batch["label"]), np.float32)}
 
 
 def eval_batches(source, per_process_batch: int, workers: int, size: int):
@@ -120,10 +116,7 @@ def inputs(config, *, step_kwargs, preprocess, keys, per_device_batch) -> Inputs
 
   def batches(start_step):
     stream = batch_stream(train_ds, per_process, start_step, config.data_workers, size)
-    return (
-      (images, labels)
-      for images, labels, _ in prefetch_to_devices(map(_with_mask, stream), config.prefetch)
-    )
+    return prefetch_to_devices(stream, config.prefetch)  # (images, labels) on the devices
 
   p_eval = jax.pmap(functools.partial(steps.streamed_eval, preprocess=preprocess), axis_name=AXIS)
   eval_per_process = config.eval_batch_size // jax.process_count()
