@@ -247,6 +247,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         input_wait += time.perf_counter() - wait_start
         rstate, metrics = p_train_step(rstate, batch)
         pending.append(metrics)
+        if len(pending) > 1:  # at most 2 steps in flight: the device always has the next one,
+          jax.block_until_ready(pending[-2])  # and SIGTERM or an error is seen within a step
         bar.update(1)
         # The first step is logged too (as the TF scripts did): feedback before a slow interval.
         if step % config.log_every_steps == 0 or step in (start_step + 1, num_steps):
