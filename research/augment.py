@@ -3,30 +3,41 @@
 A pipeline is written like `"crop(4)|flip_lr|standardize"`. Each op is a factory registered
 by name; it returns `op(rng, image) -> image` for ONE float32 image [H, W, C] in [0, 1]
 (`standardize` maps to zero mean, unit variance). `build` vmaps the ops over the batch with
-one key per example, so the whole pipeline is a jittable function of (rng, images_u8).
+one key per example, so the whole pipeline is a jittable function of (rng, images_u8, sizes).
 Inside the pmapped step every device folds its index into `rng` first, so devices draw
 different crops and flips. A fork adds an op by decorating a factory with `@register`.
+
+Streamed (ImageNet-style) images arrive padded: the host resizes each so its longer side is
+`host_image_size`, puts it at the top-left of a fixed S × S array and pads the rest, and
+sends the valid (height, width) as `sizes`. Window ops (`@register(name, window=True)`:
+`inception_crop`, `central_crop`) return `op(rng, image, valid)` with `valid` the float32
+(height, width) of the true image; they read only inside it and output a whole image, so
+they must come first in a pipeline and everything after them never sees the padding.
 """
 
 import ast
-import functools
 import re
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from research.errors import UserError
 
-Op = Callable[[jax.Array, jax.Array], jax.Array]
-_REGISTRY: dict[str, Callable[..., Op]] = {}
+Op = Callable[[jax.Array, jax.Array], jax.Array]  # op(rng, image) -> image
+WindowOp = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]  # op(rng, image, valid)
+_REGISTRY: dict[str, Callable[..., Op | WindowOp]] = {}
+_WINDOW_OPS: set[str] = set()  # names whose ops read only the valid (height, width) region
 
 
-def register(name: str):
-  """Registers an op factory under `name` for use in pipeline strings."""
+def register(name: str, window: bool = False):
+  """Registers an op factory under `name`; `window=True` if its ops take the valid size."""
 
   def wrap(factory):
     _REGISTRY[name] = factory
+    if window:
+      _WINDOW_OPS.add(name)
     return factory
 
   return wrap
@@ -80,14 +91,19 @@ def brightness(max_delta: float) -> Op:
   return op
 
 
+def _adjust_contrast(image, factor):
+  """Scales each channel's distance from its mean by `factor`, as tf.image.adjust_contrast."""
+  mean = image.mean(axis=(0, 1), keepdims=True)
+  return (image - mean) * factor + mean
+
+
 @register("contrast")
 def contrast(lower: float, upper: float) -> Op:
   """Scales each channel's distance from its mean by a factor in [lower, upper], clipped."""
 
   def op(rng, image):
     factor = jax.random.uniform(rng, (), minval=lower, maxval=upper)
-    mean = image.mean(axis=(0, 1), keepdims=True)
-    return jnp.clip((image - mean) * factor + mean, 0.0, 1.0)
+    return jnp.clip(_adjust_contrast(image, factor), 0.0, 1.0)
 
   return op
 
@@ -115,126 +131,169 @@ def scale(low: float, high: float) -> Op:
   return op
 
 
+def _window_weights(start, length, out_size: int, in_size: int):
+  """[out_size, in_size] antialiased bilinear weights resampling pixels [start, start + length)
+  of an axis to out_size pixels: jax.image.resize of the sliced window, reading nothing else."""
+  scale = length / out_size  # input pixels per output pixel
+  centers = start + (jnp.arange(out_size) + 0.5) * scale - 0.5  # in input pixel coordinates
+  pixels = jnp.arange(in_size)
+  weights = jnp.maximum(0.0, 1.0 - jnp.abs(centers[:, None] - pixels) / jnp.maximum(scale, 1.0))
+  weights = jnp.where((pixels >= start) & (pixels < start + length), weights, 0.0)
+  return weights / weights.sum(axis=1, keepdims=True)
+
+
 def _resize_window(image, top, left, height, width, size: int):
-  """Bilinear resize of the window [top:top+height, left:left+width] to size × size."""
-  scale_yx = jnp.stack([size / height, size / width])
-  translation = -jnp.stack([top, left]) * scale_yx
-  return jax.image.scale_and_translate(
-    image, (size, size, image.shape[-1]), (0, 1), scale_yx, translation, "linear", antialias=True
-  )
+  """Bilinear (antialiased) resize of the window [top:top+height, left:left+width] to size²."""
+  rows = _window_weights(top, height, size, image.shape[0])  # [size, H]
+  cols = _window_weights(left, width, size, image.shape[1])  # [size, W]
+  return jnp.einsum("yh,hwc,xw->yxc", rows, image, cols, precision=jax.lax.Precision.HIGHEST)
+
+
+def _uniform_int(u, n):
+  """An integer uniform in [0, n) (0 where n is 0), as float32, from u uniform in [0, 1)."""
+  return jnp.minimum(jnp.floor(u * n), jnp.maximum(n - 1, 0))
+
+
+def _random_crop_shapes(u, image_h, image_w, area_range, aspect):
+  """TF's GenerateRandomCrop for each aspect ratio [attempts], u uniform [attempts]: the
+  whole-pixel (height, width) and whether they meet the area range and fit in the image."""
+  min_area = area_range[0] * image_w * image_h
+  max_area = area_range[1] * image_w * image_h
+  height = jnp.round(jnp.sqrt(min_area / aspect))  # jnp.round, like lrintf, rounds half to even
+  max_height = jnp.round(jnp.sqrt(max_area / aspect))
+  widest = jnp.floor((image_w + 0.5) / aspect)  # the tallest crop whose width still fits
+  widest = jnp.where(jnp.round(widest * aspect) > image_w, widest - 1, widest)
+  max_height = jnp.where(jnp.round(max_height * aspect) > image_w, widest, max_height)
+  max_height = jnp.minimum(max_height, image_h)
+  height = jnp.minimum(height, max_height)
+  height = height + _uniform_int(u, max_height - height + 1)  # in [height, max_height]
+  width = jnp.round(height * aspect)
+  height = jnp.where(width * height < min_area, height + 1, height)  # undo rounding, as TF
+  width = jnp.round(height * aspect)
+  height = jnp.where(width * height > max_area, height - 1, height)
+  width = jnp.round(height * aspect)
+  area = width * height
+  fits = (width <= image_w) & (height <= image_h) & (width > 0) & (height > 0)
+  return height, width, fits & (area >= min_area) & (area <= max_area)
 
 
 def sample_crop_window(
-  rng, height, width, area_range, aspect_range, attempts: int
+  rng,
+  valid,
+  area_range=(0.05, 1.0),
+  aspect_range=(3 / 4, 4 / 3),
+  min_object_covered: float = 0.1,
+  attempts: int = 100,
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-  """(top, left, crop_height, crop_width) covering a random share of the image in
-  `area_range` with aspect ratio (width / height) in `aspect_range`. Of `attempts`
-  candidates the first that fits inside the image is used; if none fits, the whole image."""
-  k_area, k_aspect, k_y, k_x = jax.random.split(rng, 4)
-  area = (
-    height
-    * width
-    * jax.random.uniform(k_area, (attempts,), minval=area_range[0], maxval=area_range[1])
-  )
-  log_aspect = jax.random.uniform(
-    k_aspect, (attempts,), minval=jnp.log(aspect_range[0]), maxval=jnp.log(aspect_range[1])
-  )
-  crop_w = jnp.sqrt(area * jnp.exp(log_aspect))
-  crop_h = jnp.sqrt(area / jnp.exp(log_aspect))
-  fits = (crop_w <= width) & (crop_h <= height)
-  pick = jnp.argmax(fits)  # the first candidate that fits
-  crop_h = jnp.where(fits[pick], crop_h[pick], height)
-  crop_w = jnp.where(fits[pick], crop_w[pick], width)
-  top = jax.random.uniform(k_y) * (height - crop_h)
-  left = jax.random.uniform(k_x) * (width - crop_w)
+  """tf.image.sample_distorted_bounding_box with the whole image as the only box, inside the
+  valid (height, width): float32 whole-pixel (top, left, crop_height, crop_width).
+
+  Each attempt draws an aspect ratio (width / height) uniformly in `aspect_range` and a
+  crop as the TF kernel does; the first whose area is at least `min_object_covered` of the
+  image wins. If none does, the whole valid image. All attempts are drawn at once.
+  """
+  u_aspect, u_height, u_top, u_left = jax.random.uniform(rng, (4, attempts))  # one row each
+  image_h, image_w = valid[0], valid[1]
+  aspect = aspect_range[0] + (aspect_range[1] - aspect_range[0]) * u_aspect
+  height, width, ok = _random_crop_shapes(u_height, image_h, image_w, area_range, aspect)
+  covered = width * height / (image_h * image_w)  # the crop's share of the (whole-image) box
+  ok = ok & (width * height >= 1) & (covered >= min_object_covered)
+  first = jnp.argmax(ok)
+  crop_h = jnp.where(ok[first], height[first], image_h)
+  crop_w = jnp.where(ok[first], width[first], image_w)
+  # Offsets as the kernel: uniform in [0, image - crop), 0 when the crop spans the image.
+  top = _uniform_int(u_top[first], image_h - crop_h)
+  left = _uniform_int(u_left[first], image_w - crop_w)
   return top, left, crop_h, crop_w
 
 
-@register("inception_crop")
+@register("inception_crop", window=True)
 def inception_crop(
   size: int,
   area_min: float = 0.05,
   area_max: float = 1.0,
   aspect_min: float = 3 / 4,
   aspect_max: float = 4 / 3,
-  attempts: int = 10,
-) -> Op:
-  """Inception's distorted crop (the whole image as bounding box), resized to size × size."""
+  min_object_covered: float = 0.1,
+  attempts: int = 100,
+) -> WindowOp:
+  """Inception's distorted crop of the valid image (the whole image as box), resized to size²."""
 
-  def op(rng, image):
+  def op(rng, image, valid):
     window = sample_crop_window(
-      rng, image.shape[0], image.shape[1], (area_min, area_max), (aspect_min, aspect_max), attempts
+      rng, valid, (area_min, area_max), (aspect_min, aspect_max), min_object_covered, attempts
     )
     return _resize_window(image, *window, size)
 
   return op
 
 
-@register("central_crop")
-def central_crop(size: int, fraction: float = 0.875) -> Op:
-  """The central `fraction` of the image (each side), resized to size × size: Inception eval."""
+@register("central_crop", window=True)
+def central_crop(size: int, fraction: float = 0.875) -> WindowOp:
+  """The central `fraction` of each side of the valid image, in whole pixels as
+  tf.image.central_crop, resized to size × size: Inception's eval."""
 
-  def op(rng, image):
+  def op(rng, image, valid):
     del rng
-    h, w = image.shape[0], image.shape[1]
-    return _resize_window(
-      image, (1 - fraction) * h / 2, (1 - fraction) * w / 2, fraction * h, fraction * w, size
-    )
+    top, left = jnp.floor((valid - valid * fraction) / 2)
+    return _resize_window(image, top, left, valid[0] - 2 * top, valid[1] - 2 * left, size)
 
   return op
 
 
-def _rgb_to_hsv(rgb):
+def _rgb_to_hcv(rgb):
+  """Hue in [0, 1), chroma (max - min) and value (max) of RGB pixels of any real values."""
   r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
   value = rgb.max(-1)
-  delta = value - rgb.min(-1)
-  safe = jnp.where(delta > 0, delta, 1.0)
-  saturation = jnp.where(value > 0, delta / jnp.where(value > 0, value, 1.0), 0.0)
+  chroma = value - rgb.min(-1)
+  safe = jnp.where(chroma > 0, chroma, 1.0)
   hue = jnp.where(
     value == r, (g - b) / safe, jnp.where(value == g, 2.0 + (b - r) / safe, 4.0 + (r - g) / safe)
   )
-  hue = jnp.where(delta > 0, (hue / 6.0) % 1.0, 0.0)
-  return hue, saturation, value
+  return jnp.where(chroma > 0, (hue / 6.0) % 1.0, 0.0), chroma, value
 
 
-def _hsv_to_rgb(hue, saturation, value):
+def _hcv_to_rgb(hue, chroma, value):
+  """Inverse of `_rgb_to_hcv`: each channel is value - chroma × (its weight on the hue circle)."""
   k = (jnp.array([5.0, 3.0, 1.0]) + hue[..., None] * 6.0) % 6.0
   weight = jnp.clip(jnp.minimum(k, 4.0 - k), 0.0, 1.0)
-  return value[..., None] - value[..., None] * saturation[..., None] * weight
+  return value[..., None] - chroma[..., None] * weight
+
+
+def _adjust_saturation_and_hue(image, factor, delta):
+  """tf.image.adjust_saturation(factor) then adjust_hue(delta), in one HSV round trip.
+
+  Saturation (chroma / value, 0 where value <= 0) is scaled and clamped to [0, 1]; value is
+  not clamped. The hue shift keeps each pixel's max and min, as TF's kernel does. Saturation
+  leaves hue unchanged, so doing both in one round trip equals TF's two ops.
+  """
+  hue, chroma, value = _rgb_to_hcv(image)
+  saturation = jnp.where(value > 0, chroma / jnp.where(value > 0, value, 1.0), 0.0)
+  chroma = jnp.clip(saturation * factor, 0.0, 1.0) * jnp.maximum(value, 0.0)
+  return _hcv_to_rgb((hue + delta) % 1.0, chroma, value)
 
 
 @register("color_distort")
 def color_distort(
   brightness: float = 32 / 255, saturation: float = 0.5, hue: float = 0.2, contrast: float = 0.5
 ) -> Op:
-  """Inception's colour distortion: brightness ±32/255, saturation and contrast ×[0.5, 1.5],
-  hue ±0.2 (of the colour circle), in one of four random orders; clipped to [0, 1]."""
+  """Inception's distort_color: brightness ±32/255, saturation ×[0.5, 1.5], hue ±0.2 (of the
+  colour circle), contrast ×[0.5, 1.5]; no clipping between them, one clip to [0, 1] at the end.
+
+  Per image one of TF's two orders at random: (brightness, saturation, hue, contrast) or
+  (brightness, contrast, saturation, hue).
+  """
 
   def op(rng, image):
-    k_order, k_b, k_s, k_h, k_c = jax.random.split(rng, 5)
-    delta_b = jax.random.uniform(k_b, (), minval=-brightness, maxval=brightness)
-    factor_s = jax.random.uniform(k_s, (), minval=1 - saturation, maxval=1 + saturation)
-    delta_h = jax.random.uniform(k_h, (), minval=-hue, maxval=hue)
-    factor_c = jax.random.uniform(k_c, (), minval=1 - contrast, maxval=1 + contrast)
-
-    def b(x):
-      return jnp.clip(x + delta_b, 0.0, 1.0)
-
-    def s(x):
-      h, sat, v = _rgb_to_hsv(x)
-      return _hsv_to_rgb(h, jnp.clip(sat * factor_s, 0.0, 1.0), v)
-
-    def h(x):
-      hh, sat, v = _rgb_to_hsv(x)
-      return _hsv_to_rgb((hh + delta_h) % 1.0, sat, v)
-
-    def c(x):
-      mean = x.mean(axis=(0, 1), keepdims=True)
-      return jnp.clip((x - mean) * factor_c + mean, 0.0, 1.0)
-
-    orders = [(b, s, h, c), (s, b, c, h), (c, h, b, s), (h, s, c, b)]  # as TF's distort_color
-    branches = [lambda x, o=o: functools.reduce(lambda y, f: f(y), o, x) for o in orders]
-    return jnp.clip(jax.lax.switch(jax.random.randint(k_order, (), 0, 4), branches, image), 0, 1)
+    u_b, u_s, u_h, u_c, u_order = jax.random.uniform(rng, (5,), minval=-1.0, maxval=1.0)
+    delta_b, factor_s = brightness * u_b, 1 + saturation * u_s
+    delta_h, factor_c = hue * u_h, 1 + contrast * u_c
+    contrast_second = u_order < 0  # else contrast comes last
+    image = image + delta_b
+    image = jnp.where(contrast_second, _adjust_contrast(image, factor_c), image)
+    image = _adjust_saturation_and_hue(image, factor_s, delta_h)
+    image = jnp.where(contrast_second, image, _adjust_contrast(image, factor_c))
+    return jnp.clip(image, 0.0, 1.0)
 
   return op
 
@@ -242,9 +301,16 @@ def color_distort(
 _CALL = re.compile(r"^(?P<name>\w+)(\((?P<args>.*)\))?$")
 
 
-def parse(spec: str) -> list[Op]:
-  """Turns `"crop(4)|flip_lr"` into ops, with a user error for unknown names or bad args."""
-  ops = []
+class Step(NamedTuple):
+  """One parsed op; `window` ops take the valid (height, width) as a third argument."""
+
+  op: Op | WindowOp
+  window: bool
+
+
+def parse(spec: str) -> list[Step]:
+  """Turns `"crop(4)|flip_lr"` into steps, with a user error for unknown names or bad args."""
+  steps = []
   for part in filter(None, (p.strip() for p in spec.split("|"))):
     match = _CALL.match(part)
     name = match and match["name"]
@@ -252,25 +318,41 @@ def parse(spec: str) -> list[Op]:
       raise UserError(
         f"augmentation op {part!r} is unknown; available: {', '.join(sorted(_REGISTRY))}"
       )
+    if name in _WINDOW_OPS and steps:
+      raise UserError(f"augmentation op {part!r} must be first: ops before it would see padding")
     try:
       args = ast.literal_eval(f"({match['args']},)") if match["args"] else ()
-      ops.append(_REGISTRY[name](*args))
+      steps.append(Step(_REGISTRY[name](*args), name in _WINDOW_OPS))
     except (ValueError, SyntaxError, TypeError) as e:
       raise UserError(f"augmentation op {part!r} has bad arguments: {e}") from None
-  return ops
+  return steps
 
 
-def build(spec: str) -> Callable[[jax.Array, jax.Array], jax.Array]:
-  """Returns `augment(rng, images_u8 [B, H, W, C]) -> float32 [B, H, W, C]`."""
-  ops = parse(spec)
+def build(spec: str) -> Callable[..., jax.Array]:
+  """Returns `augment(rng, images_u8 [B, S, S, C], sizes=None) -> float32 [B, H, W, C]`.
 
-  def one(rng, image):
-    for op, key in zip(ops, jax.random.split(rng, max(len(ops), 1)), strict=False):
-      image = op(key, image)
+  `sizes` (int [B, 2]) is each image's valid (height, width) at the top-left of its padded
+  array; None means every image is whole. Only a pipeline that starts with a window op
+  accepts sizes, since any other op would see the padding.
+  """
+  steps = parse(spec)
+  windowed = bool(steps) and steps[0].window
+
+  def one(rng, image, valid):
+    for step, key in zip(steps, jax.random.split(rng, max(len(steps), 1)), strict=False):
+      image = step.op(key, image, valid) if step.window else step.op(key, image)
     return image
 
-  def augment(rng, images_u8):
-    images = images_u8.astype(jnp.float32) / 255.0
-    return jax.vmap(one)(jax.random.split(rng, images.shape[0]), images)
+  def augment(rng, images_u8, sizes=None):
+    if sizes is not None and not windowed:
+      raise UserError(
+        f"augmentation {spec!r} gets padded images but does not start with a window op "
+        f"({', '.join(sorted(_WINDOW_OPS))}), so its ops would see the padding"
+      )
+    images = images_u8.astype(jnp.float32) / 255.0  # [B, S, S, C]
+    if sizes is None:
+      sizes = jnp.broadcast_to(jnp.array(images.shape[1:3]), (images.shape[0], 2))
+    valid = jnp.asarray(sizes, jnp.float32)  # [B, 2]
+    return jax.vmap(one)(jax.random.split(rng, images.shape[0]), images, valid)
 
   return augment
