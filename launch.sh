@@ -38,7 +38,8 @@ if [[ $1 == test ]]; then
   export XLA_FLAGS="--xla_force_host_platform_device_count=8" JAX_PLATFORMS=cpu
   "$VENV/bin/ruff" check .
   "$VENV/bin/ruff" format --check .
-  exec "$VENV/bin/python" -m pytest "$@"
+  # One pytest worker per core (pytest-xdist): most of a test's time is single-threaded compiling.
+  exec "$VENV/bin/python" -m pytest -n "${PYTEST_WORKERS:-auto}" "$@"
 fi
 
 extras=test

@@ -11,13 +11,20 @@ def training_defaults() -> ml_collections.ConfigDict:
   c.seed = 0  # parameters, data order and augmentation are all functions of (seed, step)
 
   # Data.
-  c.dataset = "cifar10"  # "cifar10" or "synthetic"
-  c.data_dir = ""  # archive / cifar-10-batches-py / TFDS data dir; "" = cache, then download
+  c.dataset = "cifar10"  # "cifar10", "synthetic", "folder", "imagenet2012", "imagenette"
+  c.data_dir = ""  # cifar10: archive / batches dir / TFDS dir ("" = cache); folder: its root
   c.data_fallback = True  # no data and no network: train on synthetic data (said loudly)
   c.synthetic_train_size = 50_000  # examples, for dataset="synthetic"
   c.synthetic_test_size = 10_000
   c.synthetic_image_size = 32  # pixels per side
   c.synthetic_noise = 0.6  # per-pixel noise std, in units of the [0, 1] pixel range
+  # Image folders (dataset="folder", research/data/folder.py) and streamed datasets.
+  c.data_placement = "auto"  # folder: "resident" (on the devices), "streamed", or "auto":
+  c.resident_max_gb = 4.0  # ... resident when the decoded train split is at most this size
+  c.skip_bad_images = False  # True: skip undecodable files (counted in metadata.jsonl)
+  c.host_image_size = 32  # streamed: pixels of the longer side after host resize (padded square)
+  c.data_workers = 2  # streamed: host decode processes (grain); 0 = in the training process
+  c.prefetch = 2  # streamed: batches in flight to the devices while a step runs
 
   # Batches and length. batch_size is GLOBAL: split evenly over all devices.
   c.batch_size = 256

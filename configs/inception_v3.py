@@ -15,8 +15,11 @@ linearly with batch_size / 256, with 2 warm-up epochs for stability at larger ba
 
 Data: `imagenet2012` / `imagenette` prepared by tfds as array_record
 (`tfds build imagenet2012 --data_dir=DIR --file_format=array_record`), read without
-TensorFlow. Host workers only decode and resize each image to host_image_size²; the random
-crop (5–100% of the area, aspect 3/4–4/3), flip and colour distortion run on device.
+TensorFlow, or the ILSVRC2012 JPEG folders (`--config.dataset=folder --config.data_dir=DIR`
+with DIR/train/<synset>/*.JPEG and DIR/val/<synset>/*.JPEG). Host workers only decode each
+image and resize its longer side to host_image_size (padded to a square, valid size sent
+along); the random crop (sampled inside the true image as sample_distorted_bounding_box
+does), flip and colour distortion run on device.
 """
 
 from configs.common import apply_variant, training_defaults
@@ -69,9 +72,9 @@ def get_config(arg=None):
     width=1.0,  # channel multiplier; 1.0 = the paper
     dtype="float32",  # "bfloat16" compute on GPUs; params and BatchNorm stats stay float32
   )
-  c.host_image_size = 320  # pixels: host workers resize every image to this square
+  c.data_placement = "streamed"  # dataset=folder: ImageNet-sized folders never fit on devices
+  c.host_image_size = 320  # pixels: host workers resize each image's LONGER side to this
   c.data_workers = 8  # host decode processes (grain); 0 = decode in the training process
-  c.prefetch = 2  # batches in flight to the devices while a step runs
   c.batch_size = 256  # global: 32 per device on 8 devices
   c.eval_batch_size = 512
   c.num_epochs = 100

@@ -29,9 +29,11 @@ from pathlib import Path
 
 import jax
 import numpy as np
+from PIL import Image
 
 from research import augment as augment_lib
 from research import configuration
+from research.data import folder
 from research.data.streaming import prefetch_to_devices
 from research.placement import replicate
 from research.steps import AXIS, streamed_train_step
@@ -157,12 +159,62 @@ def conv2d_vs_scipy(repeats: int = 5) -> float:
   return scipy_s / parts["compute_s"]
 
 
+def imagenet_sized_jpegs(directory: Path, count: int) -> list[Path]:
+  """`count` photo-like 500×375 JPEGs at quality 90 (ImageNet's typical size; ~75 kB each)."""
+  directory.mkdir(parents=True, exist_ok=True)
+  paths = []
+  for i in range(count):
+    rng = np.random.default_rng(i)
+    coarse = Image.fromarray(rng.integers(0, 256, (24, 32, 3), np.uint8))
+    smooth = np.asarray(coarse.resize((500, 375), Image.BICUBIC), np.float32)
+    texture = np.clip(smooth + rng.normal(0, 10, smooth.shape), 0, 255).astype(np.uint8)
+    paths.append(directory / f"{i:04d}.jpg")
+    Image.fromarray(texture).save(paths[-1], quality=90)
+  return paths
+
+
+def decode_speed(workdir: Path, count: int, host_sizes=(320, 160)) -> dict:
+  """Images/s of ONE process (one data worker) decoding ImageNet-sized JPEGs to host size.
+
+  full: PIL's full-resolution decode; full + resize: that, then a bilinear resize of the
+  longer side to the host size (what the stream did before); ours: folder.read_rgb, which
+  lets libjpeg decode at 1/2–1/8 scale when that still covers the host size (Image.draft).
+  Each is the median of 3 passes over the files, the variants interleaved pass by pass.
+  """
+  paths = [str(p) for p in imagenet_sized_jpegs(workdir / "jpegs", count)]
+
+  def full(path):
+    with Image.open(path) as image:
+      return np.asarray(image.convert("RGB"))
+
+  def full_resize(path, size):
+    with Image.open(path) as image:
+      scale = size / max(image.size)
+      target = (round(image.width * scale), round(image.height * scale))
+      return np.asarray(image.convert("RGB").resize(target, Image.BILINEAR))
+
+  variants = {"full": full}
+  for size in host_sizes:
+    variants[f"full_resize_{size}"] = functools.partial(full_resize, size=size)
+    variants[f"ours_{size}"] = functools.partial(folder.read_rgb, max_side=size)
+  passes = {name: [] for name in variants}
+  for _ in range(3):
+    for name, decode in variants.items():
+      start = time.perf_counter()
+      for path in paths:
+        decode(path)
+      passes[name].append(count / (time.perf_counter() - start))
+  return {f"{name}_images_per_sec": statistics.median(v) for name, v in passes.items()}
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--small", action="store_true", help="smaller models, for CPUs")
   parser.add_argument("--steps", type=int, default=40, help="timed steps per measurement")
   parser.add_argument("--workers", type=int, default=os.cpu_count(), help="host aug. workers")
   parser.add_argument("--workdir", default=f"runs/benchmark-{time.strftime('%Y%m%d-%H%M%S')}")
+  parser.add_argument("--only", choices=("train", "decode", "conv2d"), help="one benchmark")
+  parser.add_argument("--jpegs", type=int, default=200, help="generated JPEGs to decode")
   args = parser.parse_args()
   workdir = Path(args.workdir)
   workdir.mkdir(parents=True, exist_ok=True)
@@ -171,7 +223,8 @@ def main() -> None:
     "jax_version": jax.__version__,
     "small": args.small,
   }
-  for path in CONFIGS:
+  run_all = args.only is None
+  for path in CONFIGS if run_all or args.only == "train" else ():
     name = Path(path).stem
     bare = bare_step(_config(path, args.small), args.steps)
     loop = full_loop(_config(path, args.small), args.steps, workdir / f"loop-{name}")
@@ -186,29 +239,49 @@ def main() -> None:
       "augmentation_overhead": bare / plain,
       "host_vs_device_augmentation": host / bare,
     }
-  results["conv2d_scipy_over_lax_conv"] = conv2d_vs_scipy()
+  if run_all or args.only == "decode":
+    results["decode"] = decode_speed(workdir, args.jpegs)
+  if run_all or args.only == "conv2d":
+    results["conv2d_scipy_over_lax_conv"] = conv2d_vs_scipy()
   (workdir / "benchmark.json").write_text(json.dumps(results, indent=2) + "\n")
+  _print(results)
+  print(f"wrote {workdir / 'benchmark.json'}")
 
-  print(f"\n{results['device']}, JAX {results['jax_version']}, small={args.small}")
-  print(
-    f"{'':28} {'bare ex/s':>10} {'loop ex/s':>10} {'loop eff':>9} {'aug ovh':>8} {'host/dev':>9}"
-  )
-  for path in CONFIGS:
-    r = results[Path(path).stem]
+
+def _print(results: dict) -> None:
+  print(f"\n{results['device']}, JAX {results['jax_version']}, small={results['small']}")
+  trained = [Path(p).stem for p in CONFIGS if Path(p).stem in results]
+  if trained:
     print(
-      f"{Path(path).stem:28} {r['bare_step_examples_per_sec']:10.1f} "
+      f"{'':28} {'bare ex/s':>10} {'loop ex/s':>10} {'loop eff':>9} {'aug ovh':>8} {'host/dev':>9}"
+    )
+  for name in trained:
+    r = results[name]
+    print(
+      f"{name:28} {r['bare_step_examples_per_sec']:10.1f} "
       f"{r['loop_examples_per_sec']:10.1f} {r['loop_efficiency']:9.3f} "
       f"{r['augmentation_overhead']:8.3f} {r['host_vs_device_augmentation']:9.3f}"
     )
-  print(
-    f"goals: loop efficiency >= {GOALS['loop_efficiency']}, augmentation overhead >= "
-    f"{GOALS['augmentation_overhead']} (examples/s with ÷ without)"
-  )
-  print(
-    f"conv2d write-up workload: scipy time / steady lax.conv time = "
-    f"{results['conv2d_scipy_over_lax_conv']:.2f}"
-  )
-  print(f"wrote {workdir / 'benchmark.json'}")
+  if trained:
+    print(
+      f"goals: loop efficiency >= {GOALS['loop_efficiency']}, augmentation overhead >= "
+      f"{GOALS['augmentation_overhead']} (examples/s with ÷ without)"
+    )
+  if "decode" in results:
+    d = results["decode"]
+    print("JPEG decode, 500×375 quality 90, images/s of one worker process:")
+    print(f"  full-resolution decode: {d['full_images_per_sec']:.0f}")
+    for size in sorted({int(k.split("_")[1]) for k in d if k.startswith("ours_")}, reverse=True):
+      full, ours = d[f"full_resize_{size}_images_per_sec"], d[f"ours_{size}_images_per_sec"]
+      print(
+        f"  to longer side {size}: full decode + resize {full:.0f}, ours (draft) {ours:.0f}"
+        f"  ratio {ours / full:.2f}"
+      )
+  if "conv2d_scipy_over_lax_conv" in results:
+    print(
+      f"conv2d write-up workload: scipy time / steady lax.conv time = "
+      f"{results['conv2d_scipy_over_lax_conv']:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -33,7 +33,8 @@ class Inputs:
   train_step: Callable  # single-device step(state, batch) -> (state, metrics), to be pmapped
   batches: Callable[[int], Iterator]  # first step -> device-ready batches, one per step
   evaluate: Callable[[object], dict]  # replicated state -> eval totals on the host
-  preview: Callable[[int], np.ndarray]  # step -> augmented images [N, H, W, C] from devices
+  preview: Callable[[int, object], np.ndarray]  # (step, its batch) -> augmented [N, h, w, C]
+  skipped_images: Callable[[], int] = lambda: 0  # undecodable files skipped so far
 
 
 def check_shard(config, n_examples: int, n_devices: int, per_device_batch: int) -> int:
@@ -73,7 +74,8 @@ def resident(
     axis_name=AXIS,
   )
 
-  def preview(step):
+  def preview(step, batch):
+    del batch  # gathered on device from the resident shard
     images = p_preview(replicate(np.int32(step)), train_shard)  # [devices, 8, H, W, C]
     local = np.concatenate([np.asarray(s.data) for s in images.addressable_shards[:4]])
     return local.reshape(-1, *local.shape[2:])
@@ -91,4 +93,5 @@ def resident(
     batches=lambda start: itertools.repeat(train_shard),  # nothing to fetch: it is there
     evaluate=lambda rstate: first_replica(p_eval(rstate, test_shard)),
     preview=preview,
+    skipped_images=lambda: len(data.skipped_files),
   )

@@ -33,7 +33,16 @@ def device_rngs(rng):
 
 
 def train_step(
-  state, images_u8, labels, rng, *, augment, num_classes, label_smoothing, aux_loss_weight
+  state,
+  images_u8,
+  labels,
+  rng,
+  sizes=None,
+  *,
+  augment,
+  num_classes,
+  label_smoothing,
+  aux_loss_weight,
 ):
   """One optimizer step on this device's part of the global batch.
 
@@ -41,9 +50,10 @@ def train_step(
     images_u8: [per_device_batch, H, W, C] uint8.
     labels: [per_device_batch] int32.
     rng: the step's key, the same on every device; each device folds in its index.
+    sizes: [per_device_batch, 2] int32 valid (height, width) of padded images; None = whole.
   """
   augment_rng, dropout_rng = device_rngs(rng)
-  images = augment(augment_rng, images_u8)  # [per_device_batch, H, W, C] float32
+  images = augment(augment_rng, images_u8, sizes)  # [per_device_batch, h, w, C] float32
 
   def loss_fn(params):
     outputs, updates = state.apply_fn(
@@ -98,14 +108,18 @@ def preview_augmented(step, shard, *, augment, batch_kwargs, count: int):
 
 
 def streamed_train_step(state, batch, *, step_key, **kwargs):
-  """`train_step` on a batch that host workers decoded and prefetched to this device."""
-  images_u8, labels = batch  # [per_device_batch, H, W, C] uint8, [per_device_batch]
-  return train_step(state, images_u8, labels, jax.random.fold_in(step_key, state.step), **kwargs)
+  """`train_step` on a batch that host workers decoded and prefetched to this device.
+
+  batch: image [per_device_batch, S, S, C] uint8, label [per_device_batch] int32 and, for
+  images padded to S × S, size [per_device_batch, 2] int32 (valid height, width).
+  """
+  rng = jax.random.fold_in(step_key, state.step)
+  return train_step(state, batch["image"], batch["label"], rng, batch.get("size"), **kwargs)
 
 
-def eval_sums(state, images_u8, labels, mask, *, preprocess):
+def eval_sums(state, images_u8, labels, mask, sizes=None, *, preprocess):
   """Sums of loss, correct predictions and real examples (mask = 1) over one batch."""
-  images = preprocess(jax.random.key(0), images_u8)  # deterministic ops only
+  images = preprocess(jax.random.key(0), images_u8, sizes)  # deterministic ops only
   logits = state.apply_fn(
     {"params": state.params, "batch_stats": state.batch_stats}, images, train=False
   ).astype(jnp.float32)
@@ -119,7 +133,8 @@ def eval_sums(state, images_u8, labels, mask, *, preprocess):
 
 def streamed_eval(state, batch, totals, *, preprocess):
   """Adds one streamed eval batch to the running `totals` (summed over all devices)."""
-  sums = lax.psum(eval_sums(state, *batch, preprocess=preprocess), AXIS)
+  images_u8, labels, mask, sizes = (batch.get(k) for k in ("image", "label", "mask", "size"))
+  sums = lax.psum(eval_sums(state, images_u8, labels, mask, sizes, preprocess=preprocess), AXIS)
   return jax.tree.map(jnp.add, totals, sums)
 
 

@@ -24,6 +24,7 @@ from research import augment as augment_lib
 from research import checkpoint, models, optim
 from research import inputs as inputs_lib
 from research import workdir as workdir_lib
+from research.data import folder
 from research.data.load import IN_MEMORY, load_in_memory
 from research.errors import UserError
 from research.inputs import Inputs
@@ -71,6 +72,7 @@ def _write_metadata(workdir: Path, config, data: Inputs) -> None:
     "dataset_used": data.name,
     "dataset_source": data.source,
     "fallback_reason": data.fallback_reason,
+    "skipped_images": data.skipped_images(),  # undecodable files skipped (skip_bad_images)
   }
   with open(workdir / "metadata.jsonl", "a") as f:  # one record per launch (resumes append)
     f.write(json.dumps(meta) + "\n")
@@ -101,33 +103,34 @@ def _finite_or_stop(state, step: int, checkpoints):
   return state
 
 
-STREAMED = ("imagenet2012", "imagenette")  # research/data/streaming.py
+STREAMED = ("imagenet2012", "imagenette")  # tfds array_record, research/data/streaming.py
+DATASETS = IN_MEMORY + STREAMED + ("folder",)
+PLACEMENTS = ("auto", "resident", "streamed")
 
 
-def _make_inputs(config, *, step_kwargs, preprocess, keys, per_device_batch) -> Inputs:
-  if config.dataset not in IN_MEMORY + STREAMED:
-    raise UserError(
-      f"dataset={config.dataset!r} is unknown; choose one of {', '.join(IN_MEMORY + STREAMED)}"
-    )
-  if config.dataset in IN_MEMORY:
-    data = load_in_memory(config)
-    return inputs_lib.resident(
-      config,
-      data,
-      step_kwargs=step_kwargs,
-      preprocess=preprocess,
-      keys=keys,
-      per_device_batch=per_device_batch,
-    )
-  from research.data import streaming  # grain and tfds: only streamed datasets need them
+def _streamed(config) -> bool:
+  """Whether the config's data streams from host workers or lives on the devices."""
+  if config.dataset != "folder":
+    return config.dataset in STREAMED
+  if config.data_placement not in PLACEMENTS:
+    raise UserError(f"data_placement={config.data_placement!r}; choose one of {PLACEMENTS}")
+  if config.data_placement != "auto":
+    return config.data_placement == "streamed"
+  return not folder.fits_on_devices(folder.scan(config.data_dir), config.resident_max_gb)
 
-  return streaming.inputs(
-    config,
-    step_kwargs=step_kwargs,
-    preprocess=preprocess,
-    keys=keys,
-    per_device_batch=per_device_batch,
-  )
+
+def _make_inputs(config, **kwargs) -> Inputs:
+  if config.dataset not in DATASETS:
+    raise UserError(f"dataset={config.dataset!r} is unknown; choose one of {', '.join(DATASETS)}")
+  if _streamed(config):
+    from research.data import streaming  # grain (and tfds): only streamed datasets need them
+
+    return streaming.inputs(config, **kwargs)
+  if config.dataset == "folder":
+    data = folder.scan(config.data_dir)
+    folder.check_num_classes(data, config.model.num_classes)
+    return inputs_lib.resident(config, folder.load_resident(data, config.skip_bad_images), **kwargs)
+  return inputs_lib.resident(config, load_in_memory(config), **kwargs)
 
 
 @dataclasses.dataclass
@@ -212,7 +215,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       echo(f"resumed from the checkpoint at step {start_step}")
 
   rstate = replicate(state)
-  log.images("augmented_batch", inputs.preview(start_step), start_step)
+  skipped_at_start = inputs.skipped_images()
 
   def evaluate(step):
     totals = inputs.evaluate(rstate)
@@ -225,14 +228,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     log.eval(record)
     return record
 
-  batches = inputs.batches(start_step)
-  first_batch = next(batches)
+  stream = inputs.batches(start_step)
+  first_batch = next(stream)
+  log.images("augmented_batch", inputs.preview(start_step, first_batch), start_step)
   compile_start = time.perf_counter()
   p_train_step = jax.pmap(inputs.train_step, axis_name=AXIS, donate_argnums=(0,))
   p_train_step = p_train_step.lower(rstate, first_batch).compile()
   if is_main:
     echo(f"compiled the train step in {time.perf_counter() - compile_start:.1f} s")
-  batches = itertools.chain([first_batch], batches)
+  batches = itertools.chain([first_batch], stream)
 
   profile = tuple(config.profile_steps)
   pending, input_wait, paused = [], 0.0, 0.0
@@ -291,9 +295,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     final = evaluate(num_steps)
     checkpoints.save(num_steps, _finite_or_stop(first_replica(rstate), num_steps, checkpoints))
   finally:
+    getattr(stream, "close", lambda: None)()  # streamed: stop the decode workers
     bar.close()
     checkpoints.close()  # a write in flight is finished, never left half-done
     log.close()
   if inputs.fallback_reason and is_main:
     print(_banner(f"THIS RUN TRAINED ON SYNTHETIC DATA, NOT CIFAR-10.\n{inputs.fallback_reason}"))
+  if skipped_at_start != inputs.skipped_images() and is_main:  # streamed: counted as read
+    echo(f"skipped {inputs.skipped_images()} reads of undecodable files (skip_bad_images)")
+    with open(workdir / "metadata.jsonl", "a") as f:
+      f.write(json.dumps({"time": time.time(), "skipped_images": inputs.skipped_images()}) + "\n")
   return final

@@ -1,15 +1,20 @@
 """Data sources. In-memory datasets (CIFAR-sized) come back whole as uint8 arrays."""
 
 import dataclasses
+import os
+from pathlib import Path
 
 import numpy as np
+
+# Where downloaded archives and decoded image folders are kept.
+CACHE = Path(os.environ.get("RESEARCH_DATA_CACHE", Path.home() / ".cache" / "research"))
 
 
 @dataclasses.dataclass
 class ImageDataset:
   """A whole dataset in host memory, ready to be uploaded once to the devices."""
 
-  name: str  # the dataset actually used: "cifar10" or "synthetic"
+  name: str  # the dataset actually used: "cifar10", "folder" or "synthetic"
   source: str  # where it was read from, for the run metadata
   train_images: np.ndarray  # uint8 [N, H, W, C]
   train_labels: np.ndarray  # int32 [N]
@@ -17,3 +22,4 @@ class ImageDataset:
   test_labels: np.ndarray  # int32 [M]
   num_classes: int
   fallback_reason: str = ""  # why synthetic data replaced the requested dataset, if it did
+  skipped_files: list = dataclasses.field(default_factory=list)  # undecodable, skipped

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from research.data import ImageDataset
+from research.data import CACHE, ImageDataset
 from research.errors import UserError
 
 URL = os.environ.get(
@@ -29,7 +29,6 @@ ARCHIVE = "cifar-10-python.tar.gz"
 BATCHES_DIR = "cifar-10-batches-py"
 TRAIN_FILES = [f"data_batch_{i}" for i in range(1, 6)]
 TEST_FILES = ["test_batch"]
-CACHE = Path(os.environ.get("RESEARCH_DATA_CACHE", Path.home() / ".cache" / "research"))
 
 
 class NotAvailable(Exception):
