@@ -42,14 +42,20 @@ def _smoke(c):
   c.dataset = "synthetic"
   c.host_image_size = c.synthetic_image_size = 88
   c.synthetic_train_size, c.synthetic_test_size = 256, 40
-  c.synthetic_noise = 0.2  # easy enough for a tiny network to learn in a few dozen steps
-  c.augment = "inception_crop(75)|flip_lr|color_distort|scale(-1, 1)"  # 75: the smallest input
+  c.synthetic_noise = 0.2
+  # Inception's ops at 75 (the smallest input), but mild: at full strength the colour distortion
+  # hides the synthetic classes (colour templates) so well that train accuracy is ~0.3 at step 100.
+  c.augment = "inception_crop(75, 0.5)|flip_lr|color_distort(0.02, 0.1, 0.02, 0.1)|scale(-1, 1)"
   c.eval_preprocess = "central_crop(75)|scale(-1, 1)"
   c.model.width, c.model.aux_logits, c.model.num_classes = 0.125, False, 10
-  c.model.bn_momentum = 0.9
+  c.model.bn_momentum = 0.5  # eval's running statistics must keep up with fast-moving weights
   c.batch_size, c.eval_batch_size = 32, 32
-  c.num_train_steps, c.log_every_steps = 24, 8
-  c.learning_rate, c.warmup_epochs, c.label_smoothing = 0.4, 0.0, 0.0  # 0.05 at batch 32
+  c.num_train_steps, c.log_every_steps = 48, 8
+  # Epsilon 1.0 makes RMSProp plain SGD; at init the gradient norm is ~250, mostly the stem's,
+  # so clipped SGD steps barely move the rest. A small epsilon scales each parameter's step.
+  c.rms_eps = 1e-4
+  c.learning_rate, c.warmup_epochs, c.label_smoothing = 0.024, 0.0, 0.0  # 0.003 at batch 32
+  c.lr_decay_rate = 0.5  # halved every 2 epochs (16 steps)
 
 
 VARIANTS = {
