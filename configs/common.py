@@ -57,6 +57,7 @@ def training_defaults() -> ml_collections.ConfigDict:
 
   # Logging and evaluation.
   c.log_every_steps = 50  # one device→host transfer of metrics per this many steps
+  c.log_every_seconds = 60.0  # ... or sooner, once this long has passed (slow steps)
   c.eval_every_steps = 0  # 0 = evaluate at the end only (an eval is always written then)
   c.checkpoint_every_steps = 1000  # 0 = only at the end
   c.keep_checkpoints = 3

@@ -355,4 +355,5 @@ def build(spec: str) -> Callable[..., jax.Array]:
     valid = jnp.asarray(sizes, jnp.float32)  # [B, 2]
     return jax.vmap(one)(jax.random.split(rng, images.shape[0]), images, valid)
 
+  augment.windowed = windowed  # whether it may be given padded images with their sizes
   return augment

@@ -1,16 +1,46 @@
 """Checkpoints of the UNREPLICATED train state with orbax, written in the background.
 
-Data order and augmentation are functions of (seed, step), so the step stored in the state
-is the whole data position: a resumed run continues exactly where the saved one was, on any
-number of devices.
+What a resume restores exactly: the parameters, BatchNorm statistics, optimizer state and
+step. Data order and augmentation are functions of (seed, step, device count), so a resume
+on the same number of devices continues bit for bit; on another count the restored state is
+the same but the batches drawn from then on differ (README, "Long runs").
 """
 
 import shutil
 from pathlib import Path
 
+import jax
 import ml_collections
 import orbax.checkpoint as ocp
-from flax import serialization
+from flax import serialization, traverse_util
+from jax.experimental import multihost_utils
+
+from research.errors import UserError
+
+
+def _layout(tree) -> dict:
+  """{"params/Dense_0/kernel": shape} for a state dict or orbax's metadata tree."""
+  flat = traverse_util.flatten_dict(tree, sep="/")
+  return {k: tuple(getattr(v, "shape", ())) for k, v in flat.items() if v is not None}
+
+
+def _mismatch(saved: dict, wanted: dict) -> str:
+  """What differs between a checkpoint's layout and the config's, in a few words ("" if none)."""
+  problems = [f"{k} is not in the checkpoint" for k in wanted if k not in saved]
+  problems += [f"{k} is in the checkpoint but not in this config" for k in saved if k not in wanted]
+  problems += [
+    f"{k} has shape {saved[k]} in the checkpoint, {wanted[k]} in this config"
+    for k in wanted
+    if k in saved and saved[k] != wanted[k]
+  ]
+  more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+  return "; ".join(problems[:3]) + more
+
+
+def _sync(name: str) -> None:
+  """All processes reach this point before any goes on (a no-op for one process)."""
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(name)
 
 
 class Checkpoints:
@@ -22,6 +52,7 @@ class Checkpoints:
     self.echo = echo
     self.manager = ocp.CheckpointManager(
       self.directory,
+      item_handlers=ocp.StandardCheckpointHandler(),  # lets item_metadata read a layout
       options=ocp.CheckpointManagerOptions(
         max_to_keep=config.keep_checkpoints, create=True, enable_async_checkpointing=True
       ),
@@ -33,25 +64,42 @@ class Checkpoints:
   def restore_latest(self, state):
     """`state` filled from the newest readable checkpoint, or `state` itself if there is none.
 
-    An unreadable checkpoint (a crash mid-write, a damaged disk) is moved aside to
-    checkpoints_unreadable/ — never deleted — and the one before it is used.
+    A checkpoint that does not fit `state` (another model or optimizer) is a UserError and
+    nothing is touched. One that cannot be read at all (a crash mid-write, a damaged disk) is
+    moved to checkpoints_unreadable/ by process 0, never deleted, and the one before it is used.
     """
     target = serialization.to_state_dict(state)
     for step in sorted(self.manager.all_steps(), reverse=True):
       try:
-        restored = self.manager.restore(step, args=ocp.args.StandardRestore(target))
+        saved = _layout(self.manager.item_metadata(step).tree)
       except Exception as e:  # orbax raises many types for damaged files  # noqa: BLE001
-        aside = self.directory.parent / "checkpoints_unreadable" / str(step)
-        self.echo(
-          f"warning: the checkpoint at step {step} is unreadable ({type(e).__name__}: "
-          f"{str(e)[:200]}); moved it to {aside} and trying the one before it"
+        self._set_aside(step, e)
+        continue
+      if problem := _mismatch(saved, _layout(target)):
+        raise UserError(
+          f"the checkpoint at step {step} in {self.directory} does not fit this config: "
+          f"{problem}; start fresh with a new --workdir (nothing was changed in this one)"
         )
-        aside.parent.mkdir(exist_ok=True)
-        shutil.move(str(self.directory / str(step)), aside)
-        self.manager.reload()
+      try:
+        restored = self.manager.restore(step, args=ocp.args.StandardRestore(target))
+      except Exception as e:  # noqa: BLE001
+        self._set_aside(step, e)
         continue
       return serialization.from_state_dict(state, restored)
     return state
+
+  def _set_aside(self, step: int, error: Exception) -> None:
+    aside = self.directory.parent / "checkpoints_unreadable" / str(step)
+    self.echo(
+      f"warning: the checkpoint at step {step} is unreadable ({type(error).__name__}: "
+      f"{str(error)[:200]}); moved it to {aside} and trying the one before it"
+    )
+    _sync(f"checkpoint-{step}-unreadable")  # every process has looked before one moves it
+    if jax.process_index() == 0:
+      aside.parent.mkdir(exist_ok=True)
+      shutil.move(str(self.directory / str(step)), aside)
+    _sync(f"checkpoint-{step}-moved")
+    self.manager.reload()
 
   def save(self, step: int, state) -> None:
     """Starts writing `state` (host arrays) in the background and returns."""

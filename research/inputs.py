@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from research import steps
-from research.data import ImageDataset
+from research.data import ImageDataset, fingerprint
 from research.errors import UserError
 from research.placement import first_replica, pad_for_eval, replicate, upload_shards
 from research.steps import AXIS
@@ -27,6 +27,7 @@ class Inputs:
   name: str  # the dataset actually used
   source: str
   fallback_reason: str  # non-empty when synthetic data replaced the requested dataset
+  fingerprint: str  # digest of the data's content (or file list), checked when a run resumes
   num_classes: int
   example_shape: tuple  # [H, W, C] uint8 as stored; the model sees augment(example)
   steps_per_epoch: int
@@ -84,6 +85,9 @@ def resident(
     name=data.name,
     source=data.source,
     fallback_reason=data.fallback_reason,
+    fingerprint=fingerprint(
+      data.train_images, data.train_labels, data.test_images, data.test_labels
+    ),
     num_classes=data.num_classes,
     example_shape=data.train_images.shape[1:],
     steps_per_epoch=shard_size // per_device_batch,

@@ -96,8 +96,9 @@ def run(argv: list[str]) -> None:
   workdir = Path(args.workdir).expanduser() if args.workdir else default_workdir(args.config)
   workdir_lib.check_resumable(workdir, config, args.allow_config_change)
   if config.experiment == "train" and config.scaling_report:
-    from research import scaling
+    from research import scaling, validate
 
+    validate.train_config(config, jax.local_device_count())  # every device count, up front
     workdir_lib.prepare(workdir, config)
     scaling.run(config, args.config, overrides, workdir)
     return
@@ -105,7 +106,8 @@ def run(argv: list[str]) -> None:
     from research.train import train_and_evaluate
 
     try:
-      train_and_evaluate(config, str(workdir))  # validates, then prepares the workdir
+      # Validates, checks the workdir's data and checkpoints, then writes.
+      train_and_evaluate(config, str(workdir), allow_data_change=args.allow_config_change)
     except Preempted as e:
       rerun = [args.config, f"--workdir={workdir}", *(f"--config.{f}={v}" for f, v in overrides)]
       rerun += ["--allow_config_change"] if args.allow_config_change else []

@@ -19,12 +19,21 @@ TRAIN_SCALARS = (
 )
 
 
+def duration(seconds: float) -> str:
+  """`0:04:05`, or `11d 03:12:00` past a day."""
+  minutes, sec = divmod(round(seconds), 60)
+  hours, minutes = divmod(minutes, 60)
+  days, hours = divmod(hours, 24)
+  return (f"{days}d " if days else "") + f"{hours}:{minutes:02d}:{sec:02d}"
+
+
 def format_train_line(record: dict) -> str:
   """The line the original TensorFlow scripts printed, then what we add to it."""
   return (
     f"step {record['step']}, loss = {record['loss']:.4f} "
     f"({record['examples_per_sec']:.1f} examples/sec; {record['sec_per_batch']:.3f} sec/batch)"
-    f" accuracy {record['accuracy']:.3f}, input wait {100 * record['input_wait_fraction']:.1f}%"
+    f" accuracy {record['accuracy']:.3f}, input wait {100 * record['input_wait_fraction']:.1f}%,"
+    f" elapsed {duration(record['elapsed_sec'])}, ETA {duration(record['eta_sec'])}"
   )
 
 

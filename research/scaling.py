@@ -79,8 +79,6 @@ def _measure(spec, overrides, workdir: Path, n_devices: int, batch: int, config,
     )
   lines = (workdir / "metrics.jsonl").read_text().splitlines()
   train = [r for r in map(json.loads, lines) if "loss" in r][2:]  # skip step 1 and warm-up
-  if not train:
-    raise UserError(f"scaling_steps={steps} is too few to measure; use at least 15")
   return {
     "n_devices": n_devices,
     "global_batch": batch,
@@ -141,10 +139,10 @@ def _plot(rows: list[dict], path: Path) -> None:
 def run(config, spec: str, overrides: list, workdir: Path) -> list[dict]:
   """Runs the report for the training config `spec` (+ overrides) into `workdir`."""
   backend, n_max = jax.default_backend(), jax.local_device_count()
-  per_device = config.batch_size // n_max
-  if per_device == 0 or config.batch_size % n_max:
-    raise UserError(f"batch_size={config.batch_size} is not divisible by the {n_max} devices")
-  workdir.mkdir(parents=True, exist_ok=True)
+  per_device = config.batch_size // n_max  # validate.train_config checked every count
+  # Every report runs fresh children: a rerun into the same workdir never reads old numbers.
+  children = workdir / "scaling" / f"run-{len(list(workdir.glob('scaling/run-*'))) + 1}"
+  print(f"scaling report: each device count trains in {children}/MODE-N", flush=True)
   rows = []
   modes = {"weak": lambda n: per_device * n}
   if config.scaling_strong:
@@ -153,7 +151,7 @@ def run(config, spec: str, overrides: list, workdir: Path) -> list[dict]:
     measured = []
     for n in device_counts(n_max):
       print(f"scaling ({mode}): {n} devices, global batch {batch_for(n)} ...", flush=True)
-      run_dir = workdir / "scaling" / f"{mode}-{n}"
+      run_dir = children / f"{mode}-{n}"
       measured.append(_measure(spec, overrides, run_dir, n, batch_for(n), config, backend))
     rows += [{**r, "config": spec} for r in _with_speedups(measured, mode)]
 

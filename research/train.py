@@ -7,8 +7,10 @@ metrics every `log_every_steps`, and times how long it waited for input.
 
 import dataclasses
 import functools
+import importlib.metadata
 import itertools
 import json
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -19,13 +21,15 @@ import jax
 import ml_collections
 import numpy as np
 import tqdm
+from jax.experimental import multihost_utils
 
 from research import augment as augment_lib
-from research import checkpoint, models, optim
+from research import checkpoint, models, optim, validate
 from research import inputs as inputs_lib
+from research import metrics as metrics_lib
 from research import workdir as workdir_lib
-from research.data import folder
-from research.data.load import IN_MEMORY, load_in_memory
+from research.data import STREAMED, folder
+from research.data.load import load_in_memory
 from research.errors import UserError
 from research.inputs import Inputs
 from research.metrics import MetricsLog
@@ -41,25 +45,16 @@ INPUT_BOUND_ADVICE = (
 )
 
 
-def check_batch_sizes(config, n_devices: int) -> int:
-  """Returns the per-device batch, or a user error before anything is loaded or compiled."""
-  for field in ("batch_size", "eval_batch_size"):
-    value = config[field]
-    if value <= 0 or value % n_devices:
-      below, above = value // n_devices * n_devices, (value // n_devices + 1) * n_devices
-      raise UserError(
-        f"{field}={value} is not divisible by the {n_devices} devices; "
-        f"use a multiple of {n_devices} (e.g. {below or above} or {above})"
-      )
-  return config.batch_size // n_devices
-
-
 def _banner(text: str) -> str:
   line = "!" * 100
   return f"\n{line}\n{text}\n{line}\n"
 
 
 def _write_metadata(workdir: Path, config, data: Inputs) -> None:
+  packages = {  # names normalised as pip writes them in requirements/*.lock
+    re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower(): d.version
+    for d in importlib.metadata.distributions()
+  }
   meta = {
     "time": time.time(),
     "jax_version": jax.__version__,
@@ -73,6 +68,7 @@ def _write_metadata(workdir: Path, config, data: Inputs) -> None:
     "dataset_source": data.source,
     "fallback_reason": data.fallback_reason,
     "skipped_images": data.skipped_images(),  # undecodable files skipped (skip_bad_images)
+    "packages": dict(sorted(packages.items())),  # installed versions
   }
   with open(workdir / "metadata.jsonl", "a") as f:  # one record per launch (resumes append)
     f.write(json.dumps(meta) + "\n")
@@ -93,6 +89,22 @@ def _interval_record(step, fetched, elapsed, input_wait, config, schedule) -> di
   }
 
 
+LONG_RUN_SEC = 3600  # a projection beyond this is said once, with the faster ways
+
+
+def _warn_if_long(record: dict, steps_left: int, echo) -> bool:
+  """Says once if the rest of the run is projected to take over LONG_RUN_SEC; True if it did."""
+  if record["eta_sec"] <= LONG_RUN_SEC:
+    return False
+  echo(
+    f"note: at {record['sec_per_batch']:.3g} s/step the {steps_left:,} steps left take about "
+    f"{metrics_lib.duration(record['eta_sec'])} on {jax.device_count()} "
+    f"{jax.devices()[0].device_kind} device(s). Faster: the config's :smoke variant (seconds), "
+    "fewer steps (--config.num_epochs=N or --config.num_train_steps=N), or a GPU host."
+  )
+  return True
+
+
 def _finite_or_stop(state, step: int, checkpoints):
   """`state` if all its parameters are finite; otherwise stop before it is saved."""
   if not all(np.isfinite(x).all() for x in jax.tree.leaves(state.params)):
@@ -103,33 +115,35 @@ def _finite_or_stop(state, step: int, checkpoints):
   return state
 
 
-STREAMED = ("imagenet2012", "imagenette")  # tfds array_record, research/data/streaming.py
-DATASETS = IN_MEMORY + STREAMED + ("folder",)
-PLACEMENTS = ("auto", "resident", "streamed")
-
-
-def _streamed(config) -> bool:
-  """Whether the config's data streams from host workers or lives on the devices."""
-  if config.dataset != "folder":
-    return config.dataset in STREAMED
-  if config.data_placement not in PLACEMENTS:
-    raise UserError(f"data_placement={config.data_placement!r}; choose one of {PLACEMENTS}")
-  if config.data_placement != "auto":
-    return config.data_placement == "streamed"
-  return not folder.fits_on_devices(folder.scan(config.data_dir), config.resident_max_gb)
-
-
 def _make_inputs(config, **kwargs) -> Inputs:
-  if config.dataset not in DATASETS:
-    raise UserError(f"dataset={config.dataset!r} is unknown; choose one of {', '.join(DATASETS)}")
-  if _streamed(config):
+  """Opens the config's data, resident on the devices or streamed from host workers."""
+  scanned = None
+  if config.dataset == "folder":
+    scanned = folder.scan(config.data_dir)
+    folder.check_num_classes(scanned, config.model.num_classes)
+  streamed = config.dataset in STREAMED or (
+    scanned is not None
+    and config.data_placement != "resident"
+    and (
+      config.data_placement == "streamed"
+      or not folder.fits_on_devices(scanned, config.resident_max_gb)
+    )
+  )
+  if streamed:
+    for field in ("augment", "eval_preprocess"):  # streamed images are padded squares
+      if not augment_lib.build(config[field]).windowed:
+        raise UserError(
+          f"{field}={config[field]!r} must start with a window op (inception_crop or "
+          "central_crop) for streamed data: the host pads images to squares and the op reads "
+          "only each image's valid part"
+        )
     from research.data import streaming  # grain (and tfds): only streamed datasets need them
 
-    return streaming.inputs(config, **kwargs)
-  if config.dataset == "folder":
-    data = folder.scan(config.data_dir)
-    folder.check_num_classes(data, config.model.num_classes)
-    return inputs_lib.resident(config, folder.load_resident(data, config.skip_bad_images), **kwargs)
+    return streaming.inputs(config, scanned=scanned, **kwargs)
+  if scanned is not None:
+    return inputs_lib.resident(
+      config, folder.load_resident(scanned, config.skip_bad_images), **kwargs
+    )
   return inputs_lib.resident(config, load_in_memory(config), **kwargs)
 
 
@@ -146,12 +160,10 @@ class Setup:
 
 def setup(config: ml_collections.ConfigDict) -> Setup:
   """Validates `config`, opens its data and builds the initial state; writes nothing."""
-  n_devices = jax.device_count()
-  augment = augment_lib.build(config.augment)  # parse errors surface before data loading
+  per_device_batch = validate.train_config(config, jax.device_count())  # before data loading
+  augment = augment_lib.build(config.augment)
   preprocess = augment_lib.build(config.eval_preprocess)
   model = models.create(config.model, AXIS)
-  per_device_batch = check_batch_sizes(config, n_devices)
-  optim.create_optimizer(config, optim.learning_rate_schedule(config, 1, 1))  # names checked
   init_key, shuffle_key, step_key = jax.random.split(jax.random.key(config.seed), 3)
   step_kwargs = dict(
     augment=augment,
@@ -176,10 +188,31 @@ def setup(config: ml_collections.ConfigDict) -> Setup:
   return Setup(inputs, state, schedule, num_steps, per_device_batch)
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
+def _data_identity(inputs: Inputs) -> dict:
+  """What must not change when a run resumes: the same in every process."""
+  data = {
+    "dataset": inputs.name,
+    "synthetic_fallback": bool(inputs.fallback_reason),
+    "content": inputs.fingerprint,
+  }
+  if jax.process_count() > 1:
+    digest = np.frombuffer(bytes.fromhex(inputs.fingerprint)[:4], np.int32)[0]
+    digests = multihost_utils.process_allgather(np.int32(digest + data["synthetic_fallback"]))
+    if len(set(digests.tolist())) > 1:
+      raise UserError(
+        f"the processes of this run read different data (process {jax.process_index()}: "
+        f"{inputs.name} from {inputs.source}); give every host the same data_dir contents"
+      )
+  return data
+
+
+def train_and_evaluate(
+  config: ml_collections.ConfigDict, workdir: str, allow_data_change: bool = False
+) -> dict:
   """Trains `config` on all devices, writing logs and checkpoints to `workdir`.
 
   Returns the final eval record. Raises Preempted after saving a checkpoint on SIGTERM.
+  A resume on other data than `workdir` recorded is an error unless `allow_data_change`.
   """
   workdir = Path(workdir)
   is_main = jax.process_index() == 0
@@ -192,14 +225,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       _banner(f"NO CIFAR-10: TRAINING ON SYNTHETIC DATA.\n{inputs.fallback_reason}"), flush=True
     )
 
-  workdir_lib.prepare(workdir, config)  # input validated: from here on we write
+  data_identity = _data_identity(inputs)
+  workdir_lib.check_data(workdir, data_identity, allow_data_change)
   bar = tqdm.tqdm(
     total=num_steps, unit="step", disable=not (is_main and sys.stdout.isatty()), leave=False
   )
   echo = bar.write if not bar.disable else functools.partial(print, flush=True)
   checkpoints = checkpoint.Checkpoints(workdir, config, echo=echo)
-  state = checkpoints.restore_latest(state)
+  state = checkpoints.restore_latest(state)  # a checkpoint that does not fit: UserError
   start_step = int(state.step)
+  validate.profile_window(config, start_step)
+  workdir_lib.prepare(workdir, config, data_identity)  # all checked: from here on we write
   bar.update(start_step)
   log = MetricsLog(workdir, dataset_used=inputs.name, enabled=is_main, echo=echo)
   if is_main:
@@ -239,10 +275,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   batches = itertools.chain([first_batch], stream)
 
   profile = tuple(config.profile_steps)
-  pending, input_wait, paused = [], 0.0, 0.0
-  interval_start = time.perf_counter()
+  pending, input_wait, paused, warned_long = [], 0.0, 0.0, False
+  interval_start = loop_start = time.perf_counter()
   try:
-    with Preemption() as preemption:
+    with Preemption(every=config.log_every_steps) as preemption:
       for step in range(start_step + 1, num_steps + 1):
         if profile and step == profile[0]:
           jax.profiler.start_trace(str(workdir / "profile"))
@@ -255,10 +291,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
           jax.block_until_ready(pending[-2])  # and SIGTERM or an error is seen within a step
         bar.update(1)
         # The first step is logged too (as the TF scripts did): feedback before a slow interval.
-        if step % config.log_every_steps == 0 or step in (start_step + 1, num_steps):
+        # Slow steps are logged on time as well, so no run is silent for long.
+        if (
+          step % config.log_every_steps == 0
+          or step in (start_step + 1, num_steps)
+          or time.perf_counter() - interval_start >= config.log_every_seconds
+        ):
           fetched = [first_replica(m) for m in pending]  # blocks until these steps are done
           elapsed = time.perf_counter() - interval_start - paused  # training time only
           record = _interval_record(step, fetched, elapsed, input_wait, config, schedule)
+          record["elapsed_sec"] = time.perf_counter() - loop_start  # this launch, wall clock
+          record["eta_sec"] = (num_steps - step) * record["sec_per_batch"]  # training only
           if not (np.isfinite(record["loss"]) and np.isfinite(record["grad_norm"])):
             raise UserError(
               f"loss or gradients became NaN/inf by step {step} (loss {record['loss']}); "
@@ -266,6 +309,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
               "lower learning_rate or set grad_clip_norm"
             )
           log.train(record)
+          if step > start_step + 1 and not warned_long and is_main:  # step 1 holds warm-up
+            warned_long = _warn_if_long(record, num_steps - step, echo)
           if record["input_wait_fraction"] > INPUT_BOUND and is_main:
             echo(INPUT_BOUND_ADVICE.format(record["input_wait_fraction"]))
           pending, input_wait, paused = [], 0.0, 0.0
@@ -274,7 +319,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
           jax.block_until_ready(rstate)
           jax.profiler.stop_trace()
           echo(f"wrote a profile of steps {profile[0]}-{profile[1]} to {workdir / 'profile'}")
-        if preemption.requested:
+        if preemption.stop_after(step):  # agreed by all processes: all save this step
           checkpoints.save(step, first_replica(rstate))
           raise Preempted(step)
         eval_due = config.eval_every_steps and step % config.eval_every_steps == 0

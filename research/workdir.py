@@ -8,11 +8,14 @@ import ml_collections
 
 from research.errors import UserError
 
+DATA_FILE = "data.json"  # the data a training run uses, checked when it resumes
+
 # Fields that may change when a run in an existing workdir is resumed or extended.
 RESUMABLE_FIELDS = {
   "num_train_steps",
   "num_epochs",
   "log_every_steps",
+  "log_every_seconds",
   "eval_every_steps",
   "checkpoint_every_steps",
   "keep_checkpoints",
@@ -40,10 +43,35 @@ def check_resumable(workdir: Path, config: ml_collections.ConfigDict, allow_chan
     )
 
 
-def prepare(workdir: Path, config: ml_collections.ConfigDict) -> None:
-  """Creates the workdir and records the resolved config; call once the input is validated."""
+def _describe(data: dict) -> str:
+  fallback = ", the synthetic fallback" if data["synthetic_fallback"] else ""
+  return f"{data['dataset']}{fallback} (content {data['content']})"
+
+
+def check_data(workdir: Path, data: dict, allow_change: bool) -> None:
+  """Refuses to resume a run on other data than it was trained on (dataset, fallback, content).
+
+  `data` is {"dataset", "synthetic_fallback", "content"}; where the data lives may change.
+  """
+  saved_path = Path(workdir) / DATA_FILE
+  if not saved_path.exists() or allow_change:
+    return
+  saved = json.loads(saved_path.read_text())
+  if changed := sorted(k for k in data if saved.get(k) != data[k]):
+    raise UserError(
+      f"{workdir} was trained on {_describe(saved)} but this run would use {_describe(data)} "
+      f"({', '.join(changed)} differ); supply the same data, use a new --workdir, or pass "
+      "--allow_config_change to go on with this data"
+    )
+
+
+def prepare(workdir: Path, config: ml_collections.ConfigDict, data: dict | None = None) -> None:
+  """Creates the workdir and records the resolved config (and the data a training run uses);
+  call once the input is validated."""
   if jax.process_index() != 0:
     return
   Path(workdir).mkdir(parents=True, exist_ok=True)
   (Path(workdir) / "config.json").write_text(config.to_json(indent=2) + "\n")
+  if data is not None:
+    (Path(workdir) / DATA_FILE).write_text(json.dumps(data, indent=2) + "\n")
   print(f"workdir: {workdir}", flush=True)

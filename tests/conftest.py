@@ -6,6 +6,14 @@ os.environ["XLA_FLAGS"] = (
   os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One persistent compilation cache for the whole suite, its xdist workers and the runs it starts
+# as subprocesses: many tests compile the same tiny models; each compiles once per machine.
+os.environ.setdefault(
+  "JAX_COMPILATION_CACHE_DIR",
+  os.path.join(os.path.dirname(os.path.dirname(__file__)), ".pytest_cache", "jax-compilation"),
+)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 
 import io  # noqa: E402

@@ -1,14 +1,13 @@
 """On-device augmentation ops: shapes, ranges, geometry, per-device randomness, determinism."""
 
-import functools
-
 import jax
 import numpy as np
 import pytest
 
-from research import augment
+from research import augment, configuration
+from research import inputs as inputs_lib
+from research.data import ImageDataset
 from research.errors import UserError
-from research.steps import AXIS
 
 
 def _images(n=16, size=32):
@@ -74,16 +73,32 @@ def test_same_seed_same_result_different_seed_different():
   assert not np.allclose(a, c)
 
 
-def test_each_device_draws_its_own_augmentation():
-  fn = augment.build("crop(4)|flip_lr")
+def _preview_of_identical_shards(seed):
+  """What training's augmentation makes of the same 8 images on each of 8 devices."""
+  config = configuration.load("configs/cifar_vgg.py:smoke")
+  config.update(batch_size=64, eval_batch_size=64, augment="crop(4)|flip_lr")
+  images = np.tile(_images(8), (8, 1, 1, 1))  # device d's shard is images 8d..8d+7: all alike
+  labels = np.tile(np.arange(8, dtype=np.int32), 8)
+  data = ImageDataset("same", "test", images, labels, images, labels, num_classes=10)
+  keys = jax.random.split(jax.random.key(seed), 2)
+  inputs = inputs_lib.resident(
+    config,
+    data,
+    step_kwargs=dict(augment=augment.build(config.augment)),
+    preprocess=augment.build(config.eval_preprocess),
+    keys=(keys[0], keys[1]),
+    per_device_batch=8,
+  )
+  return lambda step: inputs.preview(step, None).reshape(4, 8, 32, 32, 3)  # first 4 devices
 
-  def per_device(rng, images):
-    return fn(jax.random.fold_in(rng, jax.lax.axis_index(AXIS)), images)
 
-  same_images = np.broadcast_to(_images(4), (8, 4, 32, 32, 3))
-  rngs = jax.random.wrap_key_data(np.broadcast_to(jax.random.key_data(jax.random.key(0)), (8, 2)))
-  out = np.asarray(jax.pmap(functools.partial(per_device), axis_name=AXIS)(rngs, same_images))
-  assert len({out[d].tobytes() for d in range(8)}) == 8
+def test_devices_of_one_step_draw_different_crops_and_a_seed_and_step_draw_the_same():
+  preview = _preview_of_identical_shards(seed=0)
+  step_3 = preview(3)
+  assert len({device.tobytes() for device in step_3}) == 4  # same images, other crops
+  np.testing.assert_array_equal(preview(3), step_3)
+  np.testing.assert_array_equal(_preview_of_identical_shards(seed=0)(3), step_3)
+  assert not np.array_equal(preview(4), step_3)
 
 
 @pytest.mark.parametrize("spec", ["crop(4)|rotate(10)", "crop(four)", "crop(1, 2, 3, 4)"])

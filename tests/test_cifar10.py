@@ -73,3 +73,26 @@ def test_download_failure_is_reported_as_not_available(tmp_path, monkeypatch):
   with pytest.raises(cifar10.NotAvailable, match="download failed"):
     cifar10.load_cached()
   assert not list(tmp_path.iterdir())  # no partial file left behind
+
+
+def _tfrecord_preparation(root):
+  version = root / "cifar10" / "3.0.2"
+  version.mkdir(parents=True)
+  (version / "cifar10-train.tfrecord-00000-of-00001").write_bytes(b"not readable without TF")
+  return root
+
+
+def test_a_tfds_dir_of_tfrecord_files_says_how_to_re_prepare(tmp_path):
+  root = _tfrecord_preparation(tmp_path / "tfds")
+  with pytest.raises(UserError, match="no array_record files .*tfds build cifar10"):
+    cifar10.load_from(str(root))
+
+
+def test_a_tfrecord_cifar10_in_home_is_passed_over_for_the_cached_archive(
+  cifar_archive, tmp_path, monkeypatch
+):
+  path, arrays = cifar_archive
+  monkeypatch.setenv("HOME", str(tmp_path))
+  _tfrecord_preparation(tmp_path / "tensorflow_datasets")
+  monkeypatch.setattr(cifar10, "CACHE", path.parent)
+  np.testing.assert_array_equal(cifar10.load_cached().test_labels, arrays["test_batch"][1])

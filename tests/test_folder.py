@@ -171,6 +171,20 @@ def test_keras_cnn_trains_resident_on_the_real_folder_and_counts_skipped_files(
   assert meta["dataset_used"] == "folder" and meta["skipped_images"] == 1
 
 
+def test_resuming_on_changed_data_is_an_error_unless_allowed(real_slice, tmp_path):
+  config = configuration.load("configs/cifar_keras_cnn.py:smoke")
+  config.update(dataset="folder", data_dir=str(real_slice), batch_size=32, eval_batch_size=32)
+  config.update(num_train_steps=2, log_every_steps=1)
+  train_and_evaluate(config, str(tmp_path / "run"))
+  next(real_slice.glob("train/cat/*.jpg")).unlink()  # the folder is not what it was
+  config.update(num_train_steps=3)
+  with pytest.raises(UserError, match=r"was trained on folder .*\(content differ\)"):
+    train_and_evaluate(config, str(tmp_path / "run"))
+  assert [r["step"] for r in _records(tmp_path / "run")] == [1, 2, 2]  # nothing more written
+  train_and_evaluate(config, str(tmp_path / "run"), allow_data_change=True)
+  assert _records(tmp_path / "run")[-1]["step"] == 3
+
+
 def test_folder_streams_through_two_worker_processes_end_to_end(real_slice, tmp_path):
   config = configuration.load("configs/cifar_vgg.py:smoke")  # tiny VGG: fast to compile
   config.update(

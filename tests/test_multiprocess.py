@@ -2,9 +2,12 @@
 
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -40,7 +43,8 @@ def _final_params(workdir, config):
   return state.params
 
 
-def test_two_processes_of_4_devices_equal_one_process_of_8(tmp_path):
+def _start_two(workdir, *overrides):
+  """Two processes of 4 CPU devices each, joined through jax.distributed (gloo)."""
   port = _free_port()
   env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
   command = [
@@ -49,13 +53,12 @@ def test_two_processes_of_4_devices_equal_one_process_of_8(tmp_path):
     "research.main",
     "--config",
     SMOKE,
-    f"--workdir={tmp_path / 'two'}",
+    f"--workdir={workdir}",
     f"--coordinator_address=127.0.0.1:{port}",
     "--num_processes=2",
-    f"--config.num_train_steps={STEPS}",
-    "--config.log_every_steps=1",
+    *overrides,
   ]
-  processes = [
+  return [
     subprocess.Popen(
       [*command, f"--process_id={i}"],
       env=env,
@@ -65,6 +68,9 @@ def test_two_processes_of_4_devices_equal_one_process_of_8(tmp_path):
     )
     for i in range(2)
   ]
+
+
+def _finish_two(processes) -> list[str]:
   try:
     outputs = [p.communicate(timeout=300)[0] for p in processes]
   finally:
@@ -73,6 +79,13 @@ def test_two_processes_of_4_devices_equal_one_process_of_8(tmp_path):
       p.wait()
   for p, output in zip(processes, outputs, strict=True):
     assert p.returncode == 0, output[-3000:]
+  return outputs
+
+
+def test_two_processes_of_4_devices_equal_one_process_of_8(tmp_path):
+  outputs = _finish_two(
+    _start_two(tmp_path / "two", f"--config.num_train_steps={STEPS}", "--config.log_every_steps=1")
+  )
 
   train_and_evaluate(_config(), str(tmp_path / "one"))
 
@@ -85,3 +98,27 @@ def test_two_processes_of_4_devices_equal_one_process_of_8(tmp_path):
   steps = [r["step"] for r in records if "loss" in r]
   assert steps == sorted(set(steps)) == [1, 2]
   assert "| 8 devices" in outputs[0] and "| 8 devices" not in outputs[1]
+
+
+def _logged_steps(workdir) -> list[int]:
+  path = workdir / "metrics.jsonl"
+  lines = path.read_text().splitlines() if path.exists() else []
+  return [r["step"] for r in map(json.loads, lines) if "loss" in r]
+
+
+def test_sigterm_to_one_process_stops_both_at_the_same_step_with_one_checkpoint(tmp_path):
+  args = ["--config.log_every_steps=2", "--config.checkpoint_every_steps=0"]
+  processes = _start_two(tmp_path, "--config.num_train_steps=2000", *args)
+  deadline = time.monotonic() + 240
+  while max(_logged_steps(tmp_path), default=0) < 3:  # process 0 logs; both are training
+    assert time.monotonic() < deadline and all(p.poll() is None for p in processes)
+    time.sleep(0.05)
+  processes[1].send_signal(signal.SIGTERM)  # the cluster preempts one host only
+  outputs = _finish_two(processes)
+  stopped = [int(re.search(r"preempted at step (\d+)", out)[1]) for out in outputs]
+  assert stopped[0] == stopped[1] and stopped[0] % 2 == 0, stopped
+  assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [str(stopped[0])]
+
+  outputs = _finish_two(_start_two(tmp_path, f"--config.num_train_steps={stopped[0] + 2}", *args))
+  assert f"resumed from the checkpoint at step {stopped[0]}" in outputs[0]
+  assert _logged_steps(tmp_path)[-1] == stopped[0] + 2

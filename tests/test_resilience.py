@@ -105,12 +105,17 @@ def test_sigterm_writes_a_checkpoint_and_exits_cleanly(uninterrupted, tmp_path):
 
 
 @pytest.mark.parametrize("devices", [4, 1])
-def test_checkpoint_from_8_devices_restores_on_fewer(tmp_path, devices):
+def test_checkpoint_from_8_devices_restores_the_same_state_on_fewer(tmp_path, devices):
   _finish(_start(tmp_path, extra=["--config.num_train_steps=4"]))
-  output = _finish(_start(tmp_path, devices=devices, extra=["--config.num_train_steps=6"]))
-  assert "resumed from the checkpoint at step 4" in output
-  assert f"| {devices} devices" in output
-  assert _records(tmp_path)[-1]["step"] == 6
+  saved_eval = _records(tmp_path)[-1]
+  # Resumed at its last step, the run only evaluates: the restored parameters and BatchNorm
+  # statistics, evaluated on fewer devices, give the 8-device evaluation.
+  output = _finish(_start(tmp_path, devices=devices, extra=["--config.num_train_steps=4"]))
+  assert "resumed from the checkpoint at step 4" in output and f"| {devices} devices" in output
+  restored_eval = _records(tmp_path)[-1]
+  assert restored_eval["eval_examples"] == saved_eval["eval_examples"]
+  np.testing.assert_allclose(restored_eval["eval_loss"], saved_eval["eval_loss"], rtol=1e-5)
+  assert restored_eval["eval_accuracy"] == saved_eval["eval_accuracy"]
 
 
 def _smoke_config(**overrides):
@@ -133,6 +138,23 @@ def test_unreadable_latest_checkpoint_falls_back_to_the_previous(tmp_path):
   assert int(restored.step) == 4
   assert "checkpoint at step 8 is unreadable" in messages[0]
   assert (tmp_path / "checkpoints_unreadable" / "8").is_dir()  # moved aside, not deleted
+
+
+def test_a_checkpoint_that_does_not_fit_the_config_is_an_error_and_nothing_moves(tmp_path):
+  train_and_evaluate(_smoke_config(num_train_steps=2), str(tmp_path))
+  files = sorted(p for p in tmp_path.rglob("*") if p.is_file())
+  changes = {
+    "optimizer state": lambda c: c.update(grad_clip_norm=1.0),
+    "parameter shapes": lambda c: c.model.update(width=0.25),
+  }
+  for what, change in changes.items():
+    config = _smoke_config(num_train_steps=4)
+    change(config)
+    with pytest.raises(UserError, match="does not fit this config: .*new --workdir") as e:
+      train_and_evaluate(config, str(tmp_path))
+    assert "\n" not in str(e.value), what
+  assert sorted(p for p in tmp_path.rglob("*") if p.is_file()) == files
+  assert not (tmp_path / "checkpoints_unreadable").exists()
 
 
 def _template_state(config):

@@ -1,6 +1,7 @@
 """The scaling report: one child process per device count, a CSV row each, a plot."""
 
 import csv
+import json
 
 from research import configuration, scaling
 
@@ -29,3 +30,15 @@ def test_report_writes_a_row_per_device_count_and_mode_and_a_plot(tmp_path, monk
   assert [r["global_batch"] for r in rows] == [8, 16, 64, 64]  # weak keeps 8 per device
   assert rows[0]["speedup"] == 1.0 and all(r["examples_per_sec"] > 0 for r in rows)
   assert (tmp_path / "scaling.png").stat().st_size > 10_000
+
+
+def test_a_rerun_into_the_same_workdir_trains_fresh_children(tmp_path, monkeypatch):
+  monkeypatch.setattr(scaling, "device_counts", lambda n: [1])
+  spec = "configs/cifar_keras_cnn.py:smoke"
+  config = configuration.load(spec)
+  config.update(scaling_steps=15)
+  for _ in range(2):
+    scaling.run(config, spec, [("scaling_steps", "15")], tmp_path)
+  for run in ("run-1", "run-2"):  # the second report did not resume the first one's child
+    lines = (tmp_path / "scaling" / run / "weak-1" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines if "loss" in x][0] == 1

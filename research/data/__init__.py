@@ -1,10 +1,16 @@
 """Data sources. In-memory datasets (CIFAR-sized) come back whole as uint8 arrays."""
 
 import dataclasses
+import hashlib
 import os
 from pathlib import Path
 
 import numpy as np
+
+IN_MEMORY = ("cifar10", "synthetic")  # loaded whole by research/data/load.py
+STREAMED = ("imagenet2012", "imagenette")  # tfds array_record, research/data/streaming.py
+DATASETS = (*IN_MEMORY, *STREAMED, "folder")  # folder: resident or streamed (data_placement)
+PLACEMENTS = ("auto", "resident", "streamed")
 
 # Where downloaded archives and decoded image folders are kept.
 CACHE = Path(os.environ.get("RESEARCH_DATA_CACHE", Path.home() / ".cache" / "research"))
@@ -23,3 +29,12 @@ class ImageDataset:
   num_classes: int
   fallback_reason: str = ""  # why synthetic data replaced the requested dataset, if it did
   skipped_files: list = dataclasses.field(default_factory=list)  # undecodable, skipped
+
+
+def fingerprint(*arrays: np.ndarray) -> str:
+  """A short digest of array contents: tells whether a resumed run sees the same data."""
+  digest = hashlib.sha1()
+  for a in arrays:
+    digest.update(str((a.dtype, a.shape)).encode())
+    digest.update(np.ascontiguousarray(a).data)
+  return digest.hexdigest()[:16]

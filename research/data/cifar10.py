@@ -100,7 +100,19 @@ def _from_dir(path: Path) -> ImageDataset:
   return _read_pickles(lambda name: (path / name).read_bytes(), str(path))
 
 
+def _tfrecord_only(data_dir: Path) -> bool:
+  """Whether `data_dir/cifar10` was prepared as TFRecord files, which need TensorFlow to read."""
+  files = lambda pattern: any((data_dir / "cifar10").glob(f"*/*.{pattern}*"))
+  return files("tfrecord") and not files("array_record")
+
+
 def _from_tfds(data_dir: Path) -> ImageDataset:
+  if _tfrecord_only(data_dir):
+    raise UserError(
+      f"{data_dir / 'cifar10'} holds no array_record files (TFRecord files need TensorFlow); "
+      f"re-prepare it with `tfds build cifar10 --data_dir={data_dir} "
+      f"--file_format=array_record`, or pass --config.data_dir=PATH to {ARCHIVE}"
+    )
   import tensorflow_datasets as tfds  # slow import; only this source needs it
 
   def split(name):
@@ -156,9 +168,11 @@ def _download(target: Path, timeout_s: float) -> None:
 
 def load_cached(download_timeout_s: float = 20.0) -> ImageDataset:
   """Reads the cached archive, downloading it first if needed; raises NotAvailable."""
-  for candidate in (CACHE / ARCHIVE, Path.home() / "tensorflow_datasets"):
-    if candidate.is_file() or (candidate / "cifar10").is_dir():
-      return load_from(str(candidate))
+  tfds_dir = Path.home() / "tensorflow_datasets"
+  if (CACHE / ARCHIVE).is_file():
+    return _from_tar(CACHE / ARCHIVE)
+  if (tfds_dir / "cifar10").is_dir() and not _tfrecord_only(tfds_dir):  # TFRecord: passed over
+    return _from_tfds(tfds_dir)
   print(f"CIFAR-10 not found locally; downloading {URL} to {CACHE} ...", flush=True)
   _download(CACHE / ARCHIVE, download_timeout_s)
   return _from_tar(CACHE / ARCHIVE)

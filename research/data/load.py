@@ -2,10 +2,8 @@
 
 import ml_collections
 
-from research.data import ImageDataset, cifar10, synthetic
+from research.data import IN_MEMORY, ImageDataset, cifar10, synthetic
 from research.errors import UserError
-
-IN_MEMORY = ("cifar10", "synthetic")
 
 
 def _synthetic(config, train_size, test_size, fallback_reason=""):

@@ -24,7 +24,7 @@ from absl import flags
 from PIL import Image
 
 from research import steps
-from research.data import folder
+from research.data import fingerprint, folder
 from research.errors import UserError
 from research.inputs import Inputs, check_shard
 from research.placement import first_replica, replicate, to_devices
@@ -72,21 +72,34 @@ class TfdsImages:
     return dict(folder.pad_to_square(image, self.size), label=np.int32(record["label"]), skipped=0)
 
 
-def sources(config) -> tuple:
-  """(train, eval) sources of host-size images for a streamed dataset, and a description."""
+def sources(config, scanned: folder.Folder | None = None) -> tuple:
+  """(train, eval) sources of host-size images, a description and a fingerprint of the data.
+
+  The fingerprint covers the file list and labels (folder) or the prepared version and sizes
+  (tfds), not the pixels: reading every file to resume would take as long as an epoch.
+  """
   size = config.host_image_size
   if config.dataset == "folder":
-    data = folder.scan(config.data_dir)
+    data = scanned or folder.scan(config.data_dir)
     folder.check_num_classes(data, config.model.num_classes)
     train, test = (
       folder.FileImages(data.root, split, size, config.skip_bad_images)
       for split in (data.train, data.eval)
     )
-    return train, test, f"folder:{data.root} ({len(train)} train, {len(test)} {data.eval.name})"
+    description = f"folder:{data.root} ({len(train)} train, {len(test)} {data.eval.name})"
+    content = fingerprint(data.train.paths, data.train.labels, data.eval.paths, data.eval.labels)
+    return train, test, description, content
   train = open_source(config.dataset, "train", config.data_dir)
   test = open_source(config.dataset, EVAL_SPLIT[config.dataset], config.data_dir)
   where = config.data_dir or "~/tensorflow_datasets"
-  return TfdsImages(train, size), TfdsImages(test, size), f"tfds:{where} ({len(train)} train)"
+  version = getattr(getattr(train, "dataset_info", None), "version", "")
+  content = fingerprint(np.array([config.dataset, str(version), len(train), len(test)]))
+  return (
+    TfdsImages(train, size),
+    TfdsImages(test, size),
+    f"tfds:{where} ({len(train)} train)",
+    content,
+  )
 
 
 def process_share(source, seed: int, shuffle: bool) -> grain.MapDataset:
@@ -148,11 +161,11 @@ def eval_batches(source, per_process_batch: int, workers: int):
     stream.close()  # stop the workers now
 
 
-def inputs(config, *, step_kwargs, preprocess, keys, per_device_batch) -> Inputs:
-  """A streamed dataset as the training loop sees it."""
+def inputs(config, *, step_kwargs, preprocess, keys, per_device_batch, scanned=None) -> Inputs:
+  """A streamed dataset as the training loop sees it (`scanned`: the folder, if already read)."""
   _, step_key = keys  # shuffling is grain's, from config.seed
   n_devices, n_local = jax.device_count(), jax.local_device_count()
-  train_source, eval_source, description = sources(config)
+  train_source, eval_source, description, content = sources(config, scanned)
   per_process = per_device_batch * n_local
   shard_size = check_shard(config, len(train_source), n_devices, per_device_batch)
   train_ds = process_share(train_source, config.seed, shuffle=True).repeat(None)
@@ -192,6 +205,7 @@ def inputs(config, *, step_kwargs, preprocess, keys, per_device_batch) -> Inputs
     name=config.dataset,
     source=description,
     fallback_reason="",
+    fingerprint=content,
     num_classes=config.model.num_classes,
     example_shape=(size, size, 3),
     steps_per_epoch=shard_size // per_device_batch,

@@ -347,6 +347,9 @@ def run(config, workdir: str) -> list[dict]:
   """Measures every device count, writes the CSV and the plot, prints table and reading."""
   counts = check_config(config, jax.local_device_count())
   print(f"conv2d_scaling: {describe(config)}", flush=True)
+  # The process's one-time costs (backend start, first compile, first transfer), paid untimed
+  # here so that every device count's cold time holds only what its own first call costs.
+  time_cold(*make_inputs(config, jax.local_device_count()), config.padding, jax.local_devices())
   rows, scipy_cache = [], {}
   for k in counts:
     n_images = config.num_images * (k if config.mode == "weak" else 1)

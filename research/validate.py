@@ -1,0 +1,117 @@
+"""Every check of a training config that needs neither its data nor a compile, in one place.
+
+`train_config` runs before anything is loaded, compiled or written (train.setup calls it, and
+research/main.py calls it for the scaling report), so a mistake costs one `error:` line.
+Checks that need more live where that is known: shard sizes and class counts with the data,
+the profile window against the resumed step (`profile_window`), the checkpoint's layout.
+"""
+
+import difflib
+import math
+
+import ml_collections
+
+from research import augment as augment_lib
+from research import models, optim, scaling
+from research.data import DATASETS, PLACEMENTS
+from research.errors import UserError
+
+DTYPES = ("float32", "bfloat16", "float16")
+MIN_SCALING_STEPS = 15  # the report skips the first two log intervals (warm-up)
+
+# (field, smallest allowed value): integer fields whose lower bound is not obvious from use.
+INT_FIELDS = (
+  ("log_every_steps", 1),
+  ("eval_every_steps", 0),
+  ("checkpoint_every_steps", 0),
+  ("keep_checkpoints", 1),
+  ("data_workers", 0),
+  ("prefetch", 1),
+  ("host_image_size", 1),
+)
+
+
+def _choice(field: str, value, choices) -> None:
+  if value not in choices:
+    near = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1, cutoff=0.3)
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    raise UserError(f"{field}={value!r} is not one of {', '.join(choices)}{hint}")
+
+
+def batch_sizes(config, n_devices: int) -> int:
+  """The per-device batch; a user error unless both batches divide over `n_devices`."""
+  for field in ("batch_size", "eval_batch_size"):
+    value = config[field]
+    if value <= 0 or value % n_devices:
+      below, above = value // n_devices * n_devices, (value // n_devices + 1) * n_devices
+      raise UserError(
+        f"{field}={value} is not divisible by the {n_devices} devices; "
+        f"use a multiple of {n_devices} (e.g. {below or above} or {above})"
+      )
+  return config.batch_size // n_devices
+
+
+def _scaling(config, n_devices: int) -> None:
+  """Every device count the report will run, checked before the first one starts."""
+  if config.scaling_steps < MIN_SCALING_STEPS:
+    raise UserError(
+      f"scaling_steps={config.scaling_steps} is too few to measure; use at least "
+      f"{MIN_SCALING_STEPS}"
+    )
+  counts = scaling.device_counts(n_devices)
+  fields = ("batch_size", "eval_batch_size") if config.scaling_strong else ("eval_batch_size",)
+  for field in fields:  # weak scaling sets batch_size per count; these stay as they are
+    if bad := [n for n in counts if config[field] % n]:
+      raise UserError(
+        f"the scaling report runs {field}={config[field]} on {counts} devices; it does not "
+        f"divide over {bad[0]}; use a multiple of {math.lcm(*counts)}"
+      )
+
+
+def train_config(config: ml_collections.ConfigDict, n_devices: int) -> int:
+  """Checks every field of a training config; returns the per-device batch."""
+  _choice("dataset", config.dataset, DATASETS)
+  _choice("data_placement", config.data_placement, PLACEMENTS)
+  for field, minimum in INT_FIELDS:
+    value = config[field]
+    if not isinstance(value, int) or value < minimum:
+      raise UserError(f"{field}={value!r} must be a whole number >= {minimum}")
+  if not config.log_every_seconds > 0:
+    raise UserError(f"log_every_seconds={config.log_every_seconds} must be > 0")
+  if config.num_train_steps <= 0 and config.num_epochs < 1:
+    raise UserError(
+      f"num_epochs={config.num_epochs} with num_train_steps={config.num_train_steps} trains "
+      "nothing; set num_epochs >= 1 or num_train_steps > 0"
+    )
+  aliases = {"bf16": "bfloat16", "fp16": "float16", "f16": "float16", "fp32": "float32"}
+  if config.model.dtype not in DTYPES:
+    hint = f"; say {aliases[config.model.dtype]!r}" if config.model.dtype in aliases else ""
+    raise UserError(f"model.dtype={config.model.dtype!r} is not one of {', '.join(DTYPES)}{hint}")
+  _choice("model.name", config.model.name, models.available())
+  profile = tuple(config.profile_steps)
+  if profile and not (
+    len(profile) == 2 and all(isinstance(s, int) for s in profile) and 1 <= profile[0] < profile[1]
+  ):
+    raise UserError(
+      f"profile_steps={profile} must be () or (start, stop) with 1 <= start < stop, e.g. (10, 15)"
+    )
+  augment_lib.build(config.augment)
+  augment_lib.build(config.eval_preprocess)
+  optim.create_optimizer(config, optim.learning_rate_schedule(config, 1, 1))  # names checked
+  per_device_batch = batch_sizes(config, n_devices)
+  if config.scaling_report:
+    _scaling(config, n_devices)
+  return per_device_batch
+
+
+def profile_window(config, resume_step: int) -> None:
+  """A profile window must lie after the step a resumed run starts from."""
+  profile = tuple(config.profile_steps)
+  if profile and profile[0] <= resume_step:
+    length = profile[1] - profile[0]
+    what = "lies wholly before" if profile[1] <= resume_step else "starts at or before"
+    raise UserError(
+      f"profile_steps={profile} {what} step {resume_step}, where this run resumes, so it "
+      f"would not profile what you asked; use e.g. --config.profile_steps="
+      f"'({resume_step + 1}, {resume_step + 1 + length})'"
+    )

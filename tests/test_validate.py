@@ -1,0 +1,50 @@
+"""Config mistakes are one `error:` line, found before anything is loaded, compiled or written."""
+
+import re
+
+import pytest
+
+from research import configuration, main, validate
+from research.errors import UserError
+from research.train import train_and_evaluate
+
+SMOKE = "configs/cifar_vgg.py:smoke"
+
+
+@pytest.mark.parametrize(
+  "override, message",
+  [
+    ("--config.log_every_steps=0", "log_every_steps=0 must be a whole number >= 1"),
+    (
+      "--config.model.dtype=bf16",
+      "model.dtype='bf16' is not one of float32, bfloat16, float16; say 'bfloat16'",
+    ),
+    ("--config.profile_steps=(5,)", "profile_steps=(5,) must be () or (start, stop)"),
+    ("--config.dataset=cifar100", "dataset='cifar100' is not one of"),
+    ("--config.prefetch=0", "prefetch=0 must be a whole number >= 1"),
+  ],
+)
+def test_bad_values_are_one_line_errors_before_the_workdir_is_made(tmp_path, override, message):
+  workdir = tmp_path / "run"
+  with pytest.raises(UserError, match=re.escape(message)) as e:
+    main.run(["--config", SMOKE, f"--workdir={workdir}", override])
+  assert "\n" not in str(e.value) and not workdir.exists()
+
+
+def test_a_scaling_report_checks_every_device_count_before_the_first_runs():
+  config = configuration.load(SMOKE)
+  config.update(scaling_report=True, scaling_strong=True, batch_size=18, eval_batch_size=18)
+  with pytest.raises(UserError, match=r"batch_size=18 on \[1, 2, 4, 6\] devices; .* over 4"):
+    validate.train_config(config, 6)  # 6 GPUs: 18 divides over 1, 2 and 6, not over 4
+
+
+def test_a_profile_window_at_or_before_the_resumed_step_is_an_error(tmp_path):
+  config = configuration.load(SMOKE)
+  config.update(num_train_steps=2, log_every_steps=1)
+  train_and_evaluate(config, str(tmp_path))
+  written = {p: p.read_bytes() for p in tmp_path.glob("*.json*")}
+  for window, what in (((2, 4), "starts at or before step 2"), ((1, 2), "lies wholly before")):
+    config.update(num_train_steps=4, profile_steps=window)
+    with pytest.raises(UserError, match=f"{re.escape(what)}.*profile_steps='\\(3, "):
+      train_and_evaluate(config, str(tmp_path))
+  assert {p: p.read_bytes() for p in tmp_path.glob("*.json*")} == written
