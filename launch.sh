@@ -67,7 +67,8 @@ if [[ $1 == test ]]; then
   "$VENV/bin/ruff" check .
   "$VENV/bin/ruff" format --check .
   # One pytest worker per core (pytest-xdist): most of a test's time is single-threaded compiling.
-  exec "$VENV/bin/python" -m pytest -n "${PYTEST_WORKERS:-auto}" "$@"
+  # worksteal: an idle worker takes queued tests from a busy one, so long tests do not end alone.
+  exec "$VENV/bin/python" -m pytest -n "${PYTEST_WORKERS:-auto}" --dist worksteal "$@"
 fi
 
 extras=test

@@ -121,14 +121,12 @@ def _make_inputs(config, **kwargs) -> Inputs:
   if config.dataset == "folder":
     scanned = folder.scan(config.data_dir)
     folder.check_num_classes(scanned, config.model.num_classes)
-  streamed = config.dataset in STREAMED or (
-    scanned is not None
-    and config.data_placement != "resident"
-    and (
-      config.data_placement == "streamed"
-      or not folder.fits_on_devices(scanned, config.resident_max_gb)
+  placement = config.data_placement  # folder only; tfds datasets always stream
+  if scanned is not None and placement == "auto":
+    placement = (
+      "resident" if folder.fits_on_devices(scanned, config.resident_max_gb) else "streamed"
     )
-  )
+  streamed = config.dataset in STREAMED or (scanned is not None and placement == "streamed")
   if streamed:
     for field in ("augment", "eval_preprocess"):  # streamed images are padded squares
       if not augment_lib.build(config[field]).windowed:

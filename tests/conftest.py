@@ -53,3 +53,25 @@ def cifar_archive(tmp_path):
       info.size = len(raw)
       tar.addfile(info, io.BytesIO(raw))
   return path, arrays
+
+
+@pytest.fixture
+def streamed_config():
+  """Makes a tiny VGG config that streams host-size images (40 px, Inception-style crops to 32)."""
+  from research import configuration
+
+  def make(**overrides):
+    config = configuration.load("configs/cifar_vgg.py:smoke")  # tiny VGG: fast to compile
+    config.update(
+      host_image_size=40,
+      data_workers=0,
+      prefetch=2,
+      augment="inception_crop(32)|flip_lr|color_distort|scale(-1, 1)",
+      eval_preprocess="central_crop(32)|scale(-1, 1)",
+      batch_size=16,
+      eval_batch_size=16,
+    )
+    config.update(overrides)
+    return config
+
+  return make

@@ -185,18 +185,14 @@ def test_resuming_on_changed_data_is_an_error_unless_allowed(real_slice, tmp_pat
   assert _records(tmp_path / "run")[-1]["step"] == 3
 
 
-def test_folder_streams_through_two_worker_processes_end_to_end(real_slice, tmp_path):
-  config = configuration.load("configs/cifar_vgg.py:smoke")  # tiny VGG: fast to compile
-  config.update(
+def test_folder_streams_through_two_worker_processes_end_to_end(
+  real_slice, tmp_path, streamed_config
+):
+  config = streamed_config(
     dataset="folder",
     data_dir=str(real_slice),
     data_placement="streamed",
     data_workers=2,
-    host_image_size=40,
-    augment="inception_crop(32)|flip_lr|color_distort|scale(-1, 1)",
-    eval_preprocess="central_crop(32)|scale(-1, 1)",
-    batch_size=16,
-    eval_batch_size=16,
     num_train_steps=6,
     log_every_steps=3,
   )

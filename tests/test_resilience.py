@@ -104,8 +104,7 @@ def test_sigterm_writes_a_checkpoint_and_exits_cleanly(uninterrupted, tmp_path):
   assert _final(tmp_path) == uninterrupted
 
 
-@pytest.mark.parametrize("devices", [4, 1])
-def test_checkpoint_from_8_devices_restores_the_same_state_on_fewer(tmp_path, devices):
+def test_checkpoint_from_8_devices_restores_the_same_state_on_1(tmp_path, devices=1):
   _finish(_start(tmp_path, extra=["--config.num_train_steps=4"]))
   saved_eval = _records(tmp_path)[-1]
   # Resumed at its last step, the run only evaluates: the restored parameters and BatchNorm

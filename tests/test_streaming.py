@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from research import configuration
 from research.data import streaming
 from research.train import train_and_evaluate
 
@@ -47,23 +46,15 @@ def test_not_prepared_dataset_is_a_clear_error(tmp_path):
     streaming.open_source("imagenet2012", "train", str(tmp_path))
 
 
-def _streamed_config(**overrides):
-  config = configuration.load("configs/cifar_vgg.py:smoke")  # tiny VGG: fast to compile
-  config.update(
-    dataset="imagenet2012",
-    host_image_size=40,
-    data_workers=0,
-    prefetch=2,
-    augment="inception_crop(32)|flip_lr|color_distort|scale(-1, 1)",
-    eval_preprocess="central_crop(32)|scale(-1, 1)",
-    batch_size=16,
-    eval_batch_size=16,
-    num_train_steps=12,
-    log_every_steps=4,
-  )
-  config.model.num_classes = 1000
-  config.update(overrides)
-  return config
+@pytest.fixture
+def mock_imagenet_config(streamed_config):
+  def make(**overrides):
+    config = streamed_config(dataset="imagenet2012", num_train_steps=12, log_every_steps=4)
+    config.model.num_classes = 1000
+    config.update(overrides)
+    return config
+
+  return make
 
 
 def _waits(workdir):
@@ -71,9 +62,11 @@ def _waits(workdir):
   return [r["input_wait_fraction"] for r in records if "loss" in r][1:]  # after step 1
 
 
-def test_streamed_training_decodes_on_two_workers_and_evaluates_the_whole_split(tmp_path):
+def test_streamed_training_decodes_on_two_workers_and_evaluates_the_whole_split(
+  tmp_path, mock_imagenet_config
+):
   with tfds.testing.mock_data(num_examples=40):
-    final = train_and_evaluate(_streamed_config(data_workers=2), str(tmp_path))
+    final = train_and_evaluate(mock_imagenet_config(data_workers=2), str(tmp_path))
   assert final["eval_examples"] == 40
   assert (tmp_path / "augmented_batch.png").exists()
 
@@ -87,14 +80,16 @@ def _burn_cpu(seconds):
     pass
 
 
-def test_slow_input_makes_input_wait_high_and_fast_input_keeps_it_low(tmp_path, monkeypatch):
+def test_slow_input_makes_input_wait_high_and_fast_input_keeps_it_low(
+  tmp_path, monkeypatch, mock_imagenet_config
+):
   with tfds.testing.mock_data(num_examples=40):
-    train_and_evaluate(_streamed_config(), str(tmp_path / "fast"))
+    train_and_evaluate(mock_imagenet_config(), str(tmp_path / "fast"))
     decode = streaming.TfdsImages.__getitem__
     monkeypatch.setattr(
       streaming.TfdsImages, "__getitem__", lambda self, i: (_burn_cpu(0.03), decode(self, i))[1]
     )
-    train_and_evaluate(_streamed_config(), str(tmp_path / "slow"))
+    train_and_evaluate(mock_imagenet_config(), str(tmp_path / "slow"))
   fast, slow = _waits(tmp_path / "fast"), _waits(tmp_path / "slow")
   assert max(slow) > 0.5, slow  # 16 images × 30 ms of decoding per step dominate
   assert min(slow) > max(fast), (slow, fast)

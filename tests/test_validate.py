@@ -48,3 +48,11 @@ def test_a_profile_window_at_or_before_the_resumed_step_is_an_error(tmp_path):
     with pytest.raises(UserError, match=f"{re.escape(what)}.*profile_steps='\\(3, "):
       train_and_evaluate(config, str(tmp_path))
   assert {p: p.read_bytes() for p in tmp_path.glob("*.json*")} == written
+
+
+def test_streamed_data_needs_a_pipeline_that_starts_with_a_window_op(tmp_path):
+  config = configuration.load(SMOKE)  # crop(4)|flip_lr|standardize: it would see the padding
+  config.update(dataset="folder", data_dir="tests/data/cifar10_slice", data_placement="streamed")
+  with pytest.raises(UserError, match="augment='crop.*must start with a window op"):
+    train_and_evaluate(config, str(tmp_path / "run"))
+  assert not (tmp_path / "run").exists()
