@@ -33,8 +33,15 @@ def _mismatch(saved: dict, wanted: dict) -> str:
     for k in wanted
     if k in saved and saved[k] != wanted[k]
   ]
-  more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
-  return "; ".join(problems[:3]) + more
+  more = f" (and {len(problems) - 2} more)" if len(problems) > 2 else ""
+  names = {
+    "params": "the parameters",
+    "batch_stats": "the BatchNorm statistics",
+    "opt_state": "the optimizer state (optimizer, grad_clip_norm or weight_decay changed?)",
+  }
+  parts = sorted({p.split("/")[0] for p in problems})  # each problem starts with its path
+  where = " and ".join(names.get(part, part) for part in parts)
+  return f"{where}: " + "; ".join(problems[:2]) + more if problems else ""
 
 
 def _sync(name: str) -> None:
