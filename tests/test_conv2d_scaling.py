@@ -125,3 +125,18 @@ def test_bad_input_is_a_user_error_raised_before_anything_runs(
 def test_unknown_variant_lists_the_variants():
   with pytest.raises(UserError, match="unknown config variant 'huge'.*big_filter.*channels"):
     configuration.load(f"{CONFIG}:huge")
+
+
+def test_the_process_is_warmed_once_before_any_device_count_is_timed(tmp_path, monkeypatch):
+  calls = []
+  timed = conv2d_scaling.time_cold
+
+  def recording(images, kernel, padding, devices):
+    calls.append(len(devices))
+    return timed(images, kernel, padding, devices)
+
+  monkeypatch.setattr(conv2d_scaling, "time_cold", recording)
+  rows = conv2d_scaling.run(smoke(device_counts=(1, 2)), str(tmp_path))
+  # One untimed call on every device first, then one timed call per measured count: the first
+  # count's cold time no longer carries the process's first compile and first transfer.
+  assert calls == [8, 1, 2] and [r["n_devices"] for r in rows] == [1, 2]
