@@ -274,6 +274,7 @@ def train_and_evaluate(
 
   profile = tuple(config.profile_steps)
   pending, input_wait, paused, warned_long = [], 0.0, 0.0, False
+  single_process = jax.process_count() == 1
   interval_start = loop_start = time.perf_counter()
   try:
     with Preemption(every=config.log_every_steps) as preemption:
@@ -289,11 +290,12 @@ def train_and_evaluate(
           jax.block_until_ready(pending[-2])  # and SIGTERM or an error is seen within a step
         bar.update(1)
         # The first step is logged too (as the TF scripts did): feedback before a slow interval.
-        # Slow steps are logged on time as well, so no run is silent for long.
+        # Slow steps are logged on time as well, so no run is silent for long. Not with several
+        # processes: each stops on NaN at a log step, so those steps must be the same in all.
         if (
           step % config.log_every_steps == 0
           or step in (start_step + 1, num_steps)
-          or time.perf_counter() - interval_start >= config.log_every_seconds
+          or (single_process and time.perf_counter() - interval_start >= config.log_every_seconds)
         ):
           fetched = [first_replica(m) for m in pending]  # blocks until these steps are done
           elapsed = time.perf_counter() - interval_start - paused  # training time only
