@@ -14,6 +14,8 @@ import optax
 from flax.training import train_state
 from jax import lax
 
+from research.models import EXAMPLES
+
 AXIS = "devices"  # the one pmap axis: every lax.pmean/psum and every BatchNorm names it
 
 
@@ -43,6 +45,7 @@ def train_step(
   num_classes,
   label_smoothing,
   aux_loss_weight,
+  micro_batch=None,
 ):
   """One optimizer step on this device's part of the global batch.
 
@@ -51,29 +54,48 @@ def train_step(
     labels: [per_device_batch] int32.
     rng: the step's key, the same on every device; each device folds in its index.
     sizes: [per_device_batch, 2] int32 valid (height, width) of padded images; None = whole.
+    micro_batch: examples per forward/backward pass (divides per_device_batch; None = all).
+      The gradient is the mean over the micro-batches: the whole batch's, to float rounding
+      (dropout masks are per example). BatchNorm normalizes each micro-batch on its own.
   """
   augment_rng, dropout_rng = device_rngs(rng)
   images = augment(augment_rng, images_u8, sizes)  # [per_device_batch, h, w, C] float32
+  per_device_batch = labels.shape[0]
+  micro_batch = micro_batch or per_device_batch
+  n_micro = per_device_batch // micro_batch
 
-  def loss_fn(params):
+  positions = jnp.arange(micro_batch)
+
+  def loss_fn(params, batch_stats, part):
     outputs, updates = state.apply_fn(
-      {"params": params, "batch_stats": state.batch_stats},
-      images,
+      {"params": params, "batch_stats": batch_stats, EXAMPLES: {"index": part.start + positions}},
+      images[part],
       train=True,
       rngs={"dropout": dropout_rng},
       mutable=["batch_stats"],
     )
     logits, aux_logits = outputs if isinstance(outputs, tuple) else (outputs, None)
-    loss = cross_entropy(logits, labels, num_classes, label_smoothing)
+    loss = cross_entropy(logits, labels[part], num_classes, label_smoothing)
     if aux_logits is not None:  # Inception's auxiliary head
-      loss += aux_loss_weight * cross_entropy(aux_logits, labels, num_classes, label_smoothing)
-    return loss, (logits, updates.get("batch_stats", {}))
+      aux_loss = cross_entropy(aux_logits, labels[part], num_classes, label_smoothing)
+      loss += aux_loss_weight * aux_loss
+    correct = jnp.sum(logits.argmax(-1) == labels[part])
+    return loss / n_micro, (correct, updates.get("batch_stats", {}))
 
-  (loss, (logits, batch_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+  loss, correct, grads, batch_stats = 0.0, 0, None, state.batch_stats
+  # A Python loop, unrolled when traced: XLA:CPU runs the micro-batches' independent
+  # convolutions side by side on its cores (a lax.scan runs them one after another).
+  for start in range(0, per_device_batch, micro_batch):
+    part = slice(start, start + micro_batch)
+    (part_loss, (part_correct, batch_stats)), part_grads = jax.value_and_grad(
+      loss_fn, has_aux=True
+    )(state.params, batch_stats, part)
+    grads = part_grads if grads is None else jax.tree.map(jnp.add, grads, part_grads)
+    loss, correct = loss + part_loss, correct + part_correct
   # Every device gets the gradient of the mean loss over the GLOBAL batch. BatchNorm already
   # reduced its statistics over AXIS, so batch_stats agree on every device without a pmean.
   grads = lax.pmean(grads, AXIS)
-  metrics = lax.pmean({"loss": loss, "accuracy": jnp.mean(logits.argmax(-1) == labels)}, AXIS)
+  metrics = lax.pmean({"loss": loss, "accuracy": correct / per_device_batch}, AXIS)
   new_state = state.apply_gradients(grads=grads, batch_stats=batch_stats)
   metrics["grad_norm"] = optax.tree.norm(grads)
   metrics["param_norm"] = optax.tree.norm(new_state.params)

@@ -50,7 +50,7 @@ def _banner(text: str) -> str:
   return f"\n{line}\n{text}\n{line}\n"
 
 
-def _write_metadata(workdir: Path, config, data: Inputs) -> None:
+def _write_metadata(workdir: Path, config, run: "Setup") -> None:
   packages = {  # names normalised as pip writes them in requirements/*.lock
     re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower(): d.version
     for d in importlib.metadata.distributions()
@@ -61,13 +61,16 @@ def _write_metadata(workdir: Path, config, data: Inputs) -> None:
     "flax_version": flax.__version__,
     "backend": jax.default_backend(),
     "devices": [str(d) for d in jax.devices()],
+    "device_count": jax.device_count(),
+    "per_device_batch": run.per_device_batch,
+    "micro_batch": run.micro_batch,  # examples per forward/backward pass (auto or configured)
     "device_kind": jax.devices()[0].device_kind,
     "process_count": jax.process_count(),
     "dataset_requested": config.dataset,
-    "dataset_used": data.name,
-    "dataset_source": data.source,
-    "fallback_reason": data.fallback_reason,
-    "skipped_images": data.skipped_images(),  # undecodable files skipped (skip_bad_images)
+    "dataset_used": run.inputs.name,
+    "dataset_source": run.inputs.source,
+    "fallback_reason": run.inputs.fallback_reason,
+    "skipped_images": run.inputs.skipped_images(),  # undecodable files skipped (skip_bad_images)
     "packages": dict(sorted(packages.items())),  # installed versions
   }
   with open(workdir / "metadata.jsonl", "a") as f:  # one record per launch (resumes append)
@@ -154,6 +157,7 @@ class Setup:
   schedule: Callable
   num_steps: int
   per_device_batch: int
+  micro_batch: int  # examples per forward/backward pass on each device
 
 
 def setup(config: ml_collections.ConfigDict) -> Setup:
@@ -183,7 +187,12 @@ def setup(config: ml_collections.ConfigDict) -> Setup:
   tx = optim.create_optimizer(config, schedule)
   model_input = jax.eval_shape(augment, init_key, np.zeros((1, *inputs.example_shape), np.uint8))
   state = create_train_state(init_key, config, model, model_input.shape[1:], tx)
-  return Setup(inputs, state, schedule, num_steps, per_device_batch)
+  micro_batch = validate.micro_batch(
+    config, per_device_batch, batch_norm=bool(state.batch_stats), backend=jax.default_backend()
+  )  # known only now (does the model have BatchNorm?), so added to the step here
+  train_step = functools.partial(inputs.train_step, micro_batch=micro_batch)
+  inputs = dataclasses.replace(inputs, train_step=train_step)
+  return Setup(inputs, state, schedule, num_steps, per_device_batch, micro_batch)
 
 
 def _data_identity(inputs: Inputs) -> dict:
@@ -237,12 +246,14 @@ def train_and_evaluate(
   bar.update(start_step)
   log = MetricsLog(workdir, dataset_used=inputs.name, enabled=is_main, echo=echo)
   if is_main:
-    _write_metadata(workdir, config, inputs)
+    _write_metadata(workdir, config, run)
     n_params = sum(x.size for x in jax.tree.leaves(state.params))
+    micro = f" in micro-batches of {run.micro_batch}" if run.micro_batch < per_device_batch else ""
     echo(
       f"{config.model.name}: {n_params:,} parameters | {n_devices} devices "
       f"({jax.devices()[0].device_kind}) | global batch {config.batch_size} = "
-      f"{per_device_batch} per device | {inputs.steps_per_epoch} steps/epoch, {num_steps} steps"
+      f"{per_device_batch} per device{micro} | {inputs.steps_per_epoch} steps/epoch, "
+      f"{num_steps} steps"
       f" | data: {inputs.name} ({inputs.source})"
     )
     if start_step:

@@ -28,7 +28,9 @@ INT_FIELDS = (
   ("data_workers", 0),
   ("prefetch", 1),
   ("host_image_size", 1),
+  ("micro_batch_size", 0),
 )
+CPU_MICRO_BATCH = 16  # examples: the fastest Keras CNN step on a 2-core CPU (BENCHMARKS.md)
 
 
 def _choice(field: str, value, choices) -> None:
@@ -99,9 +101,23 @@ def train_config(config: ml_collections.ConfigDict, n_devices: int) -> int:
   augment_lib.build(config.eval_preprocess)
   optim.create_optimizer(config, optim.learning_rate_schedule(config, 1, 1))  # names checked
   per_device_batch = batch_sizes(config, n_devices)
+  if per_device_batch % max(1, config.micro_batch_size):
+    raise UserError(
+      f"micro_batch_size={config.micro_batch_size} does not divide the {per_device_batch} "
+      f"examples per device (batch_size={config.batch_size} over {n_devices} devices); "
+      "use a divisor of it, or 0 for auto"
+    )
   if config.scaling_report:
     _scaling(config, n_devices)
   return per_device_batch
+
+
+def micro_batch(config, per_device_batch: int, batch_norm: bool, backend: str) -> int:
+  """Examples per micro-batch: the config's, or for 0 the auto choice (see configs/common.py)."""
+  if config.micro_batch_size:
+    return config.micro_batch_size
+  auto = backend == "cpu" and not batch_norm and per_device_batch % CPU_MICRO_BATCH == 0
+  return CPU_MICRO_BATCH if auto else per_device_batch
 
 
 def profile_window(config, resume_step: int) -> None:

@@ -65,4 +65,5 @@ def test_smoke_trains_end_to_end_and_learns(path, tmp_path):
   assert all(r["dataset_used"] == "synthetic" for r in records)
   assert json.loads((tmp_path / "config.json").read_text())["model"]["name"] == config.model.name
   meta = json.loads((tmp_path / "metadata.jsonl").read_text().splitlines()[-1])
-  assert meta["dataset_used"] == "synthetic" and len(meta["devices"]) == 8
+  assert meta["dataset_used"] == "synthetic" and len(meta["devices"]) == meta["device_count"] == 8
+  assert config.batch_size // 8 % meta["micro_batch"] == 0  # what the step ran, recorded

@@ -2,15 +2,20 @@
 
 import functools
 
+import flax.linen
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
 import pytest
+from jax import lax
 
-from research import augment, models
+from research import augment, configuration, models
+from research.models import _layers
 from research.placement import first_replica, replicate
 from research.steps import AXIS, create_train_state, train_step
+from research.train import setup
 
 
 def _vgg():
@@ -93,3 +98,45 @@ def test_params_changed_and_replicas_agree(batch):
     np.testing.assert_array_equal(leaf, np.broadcast_to(leaf[0], leaf.shape))
   before, after = jax.tree.leaves(state.params)[0], jax.tree.leaves(per_device)[0][0]
   assert not np.allclose(before, after)
+
+
+def test_micro_batches_take_the_steps_of_the_whole_batch_dropout_included():
+  config = configuration.load("configs/cifar_keras_cnn.py:smoke")  # dropout 0.25 and 0.5
+  config.batch_size = 256  # 32 per device: the CPU default splits it into 2 micro-batches
+  run = setup(config)
+  assert run.micro_batch == 16
+  whole = functools.partial(run.inputs.train_step, micro_batch=None)
+  curves = []
+  for step in (run.inputs.train_step, whole):
+    p_step = jax.pmap(step, axis_name=AXIS)
+    rstate, shard, losses = replicate(run.state), next(run.inputs.batches(0)), []
+    for _ in range(3):
+      rstate, metrics = p_step(rstate, shard)
+      losses.append(first_replica(metrics)["loss"])
+    curves.append((losses, first_replica(rstate.params)))
+  (micro_losses, micro_params), (whole_losses, whole_params) = curves
+  np.testing.assert_allclose(micro_losses, whole_losses, rtol=1e-5)
+  # RMSprop divides by the gradient's own size, so float noise in a tiny gradient moves a
+  # parameter by up to ~lr: 1e-5 is 1% of one step of lr 1e-3.
+  for a, b in zip(jax.tree.leaves(micro_params), jax.tree.leaves(whole_params), strict=True):
+    np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+  "kernel, strides, padding",
+  [((3, 3), 1, "SAME"), ((3, 3), 1, "VALID"), ((3, 3), 2, "VALID"), ((1, 7), 1, "SAME"),
+   ((1, 1), 1, "SAME"), ((3, 3), 2, "SAME"), ((3, 3), 1, ((2, 0), (1, 3)))],
+)  # fmt: skip
+def test_the_cpu_convolution_has_xla_s_value_and_gradients(kernel, strides, padding):
+  images = jax.random.normal(jax.random.key(0), (4, 11, 11, 5))
+  grads = []
+  for conv_fn in (lax.conv_general_dilated, _layers.conv_general_dilated):
+    conv = flax.linen.Conv(6, kernel, strides, padding, conv_general_dilated=conv_fn)
+    params = conv.init(jax.random.key(1), images)
+    loss = lambda p, x, conv=conv: jnp.sum(jnp.sin(conv.apply(p, x)))
+    grads.append(jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(params, images))
+  (value, (params_grad, images_grad)), (ours, (ours_params_grad, ours_images_grad)) = grads
+  np.testing.assert_allclose(ours, value, rtol=1e-5)
+  np.testing.assert_allclose(ours_images_grad, images_grad, rtol=1e-4, atol=1e-5)
+  for a, b in zip(jax.tree.leaves(ours_params_grad), jax.tree.leaves(params_grad), strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)  # sums in another order

@@ -31,6 +31,31 @@ def test_bad_values_are_one_line_errors_before_the_workdir_is_made(tmp_path, ove
   assert "\n" not in str(e.value) and not workdir.exists()
 
 
+def test_a_micro_batch_that_does_not_divide_the_device_batch_is_an_error():
+  config = configuration.load(SMOKE)  # batch_size 64: 8 per device on 8 devices
+  config.micro_batch_size = 3
+  with pytest.raises(UserError, match="micro_batch_size=3 does not divide the 8 examples"):
+    validate.train_config(config, 8)
+
+
+@pytest.mark.parametrize(
+  "configured, per_device, batch_norm, backend, expected",
+  [
+    (0, 256, False, "cpu", 16),  # auto: CPU convolutions run fastest on small batches
+    (0, 256, True, "cpu", 256),  # auto keeps BatchNorm's statistics over the device batch
+    (0, 256, False, "gpu", 256),  # accelerators run the whole batch
+    (0, 24, False, "cpu", 24),  # 16 does not divide 24
+    (8, 256, True, "gpu", 8),  # configured: always as given
+  ],
+)
+def test_the_micro_batch_is_auto_chosen_or_as_configured(
+  configured, per_device, batch_norm, backend, expected
+):
+  config = configuration.load(SMOKE)
+  config.micro_batch_size = configured
+  assert validate.micro_batch(config, per_device, batch_norm, backend) == expected
+
+
 def test_a_scaling_report_checks_every_device_count_before_the_first_runs():
   config = configuration.load(SMOKE)
   config.update(scaling_report=True, scaling_strong=True, batch_size=18, eval_batch_size=18)

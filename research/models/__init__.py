@@ -14,6 +14,7 @@ import flax.linen as nn
 import ml_collections
 
 from research.errors import UserError
+from research.models._layers import EXAMPLES  # noqa: F401 (steps pass example positions in it)
 
 
 def available() -> list[str]:

@@ -9,6 +9,8 @@ import flax.linen as nn
 import jax.numpy as jnp
 import ml_collections
 
+from research.models import _layers
+
 
 class KerasCNN(nn.Module):
   num_classes: int
@@ -18,13 +20,13 @@ class KerasCNN(nn.Module):
   def __call__(self, x, train: bool):
     x = x.astype(self.dtype)
     for features in (32, 64):
-      x = nn.relu(nn.Conv(features, (3, 3), padding="SAME", dtype=self.dtype)(x))
-      x = nn.relu(nn.Conv(features, (3, 3), padding="VALID", dtype=self.dtype)(x))
+      x = nn.relu(_layers.Conv(features, (3, 3), padding="SAME", dtype=self.dtype)(x))
+      x = nn.relu(_layers.Conv(features, (3, 3), padding="VALID", dtype=self.dtype)(x))
       x = nn.max_pool(x, (2, 2), strides=(2, 2))
-      x = nn.Dropout(0.25, deterministic=not train)(x)
+      x = _layers.Dropout(0.25, deterministic=not train)(x)
     x = x.reshape((x.shape[0], -1))  # [batch, 6 * 6 * 64] at 32×32 input
     x = nn.relu(nn.Dense(512, dtype=self.dtype)(x))
-    x = nn.Dropout(0.5, deterministic=not train)(x)
+    x = _layers.Dropout(0.5, deterministic=not train)(x)
     return nn.Dense(self.num_classes, dtype=self.dtype)(x)
 
 

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from research.errors import UserError
+from research.models import _layers
 
 # Channels per conv; "M" is a 2×2 max-pool. Five pools take 32×32 down to 1×1.
 STAGES = {
@@ -45,7 +46,8 @@ class VGG(nn.Module):
       if layer == "M":
         x = nn.max_pool(x, (2, 2), strides=(2, 2))
       else:
-        x = nn.Conv(max(1, round(layer * self.width)), (3, 3), use_bias=False, dtype=self.dtype)(x)
+        features = max(1, round(layer * self.width))
+        x = _layers.Conv(features, (3, 3), use_bias=False, dtype=self.dtype)(x)
         x = nn.relu(norm()(x))
     x = x.reshape((x.shape[0], -1))  # [batch, channels]
     return nn.Dense(self.num_classes, dtype=self.dtype)(x)
