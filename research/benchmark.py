@@ -13,6 +13,11 @@
                         on device: examples/s of host ÷ device.
   conv2d                steady-state lax.conv on 1 device vs scipy.signal.convolve2d in a
                         Python loop, on the conv2d write-up's workload.
+  cpu                   (--only cpu) the Keras CNN and VGG train steps at global batch 128
+                        and 256: examples/s of this codebase's step (its CPU convolutions,
+                        the auto micro-batch) ÷ the same step with XLA's convolutions on the
+                        whole batch (what a plain jitted flax step does), in this process's
+                        devices (1 on a CPU host unless XLA_FLAGS says otherwise).
 All training benchmarks use the synthetic dataset (same shapes as CIFAR-10; throughput of
 resident data does not depend on pixel values). Results go to the console and
 WORKDIR/benchmark.json.
@@ -35,6 +40,7 @@ from research import augment as augment_lib
 from research import configuration
 from research.data import folder
 from research.data.streaming import prefetch_to_devices
+from research.models import _layers
 from research.placement import replicate
 from research.steps import AXIS, streamed_train_step
 from research.train import setup, train_and_evaluate
@@ -56,11 +62,11 @@ def _config(path: str, small: bool, **overrides):
   return config
 
 
-def _time_steps(p_step, rstate, batches, steps: int) -> float:
-  """Examples/s of `steps` back-to-back steps after 3 warm-up steps; blocks once at the end."""
-  for _ in range(3):
+def _time_steps(p_step, rstate, batches, steps: int, warmup: int = 3) -> float:
+  """Seconds of `steps` back-to-back steps after `warmup` steps; blocks once at the end."""
+  for _ in range(warmup):
     rstate, metrics = p_step(rstate, next(batches))
-  jax.block_until_ready(metrics)
+  jax.block_until_ready(rstate)
   start = time.perf_counter()
   for _ in range(steps):
     rstate, metrics = p_step(rstate, next(batches))
@@ -84,6 +90,41 @@ def full_loop(config, steps: int, workdir: Path) -> float:
   records = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
   train = [r for r in records if "loss" in r][2:]  # not step 1, not the warm-up interval
   return statistics.median(r["examples_per_sec"] for r in train)
+
+
+def _steady_examples_per_sec(config, seconds: float = 10.0) -> tuple[float, int]:
+  """Examples/s of the bare step over about `seconds` after 2 warm-up steps; the micro-batch."""
+  run = setup(config)
+  p_step = jax.pmap(run.inputs.train_step, axis_name=AXIS, donate_argnums=(0,))
+  rstate, batches = replicate(run.state), run.inputs.batches(0)
+  for _ in range(2):  # the compile, then one step to size the timed run
+    start = time.perf_counter()
+    rstate, metrics = p_step(rstate, next(batches))
+    jax.block_until_ready(metrics)
+  steps = max(2, min(20, round(seconds / (time.perf_counter() - start))))
+  return steps * config.batch_size / _time_steps(p_step, rstate, batches, steps, warmup=0), (
+    run.micro_batch
+  )
+
+
+def cpu_steps(path: str) -> dict:
+  """This codebase's CPU step vs XLA's convolutions on the whole batch, at batch 128 and 256."""
+  rows = {}
+  for batch in (128, 256):
+    per_device = batch // jax.device_count()
+    with _layers.xla_convolutions():
+      xla, _ = _steady_examples_per_sec(
+        _config(path, False, batch_size=batch, micro_batch_size=per_device)
+      )
+    ours, micro_batch = _steady_examples_per_sec(_config(path, False, batch_size=batch))
+    rows[str(batch)] = {
+      "devices": jax.device_count(),
+      "micro_batch": micro_batch,
+      "xla_examples_per_sec": xla,
+      "examples_per_sec": ours,
+      "speedup": ours / xla,
+    }
+  return rows
 
 
 def _host_augment(args):
@@ -213,7 +254,7 @@ def main() -> None:
   parser.add_argument("--steps", type=int, default=40, help="timed steps per measurement")
   parser.add_argument("--workers", type=int, default=os.cpu_count(), help="host aug. workers")
   parser.add_argument("--workdir", default=f"runs/benchmark-{time.strftime('%Y%m%d-%H%M%S')}")
-  parser.add_argument("--only", choices=("train", "decode", "conv2d"), help="one benchmark")
+  parser.add_argument("--only", choices=("train", "decode", "conv2d", "cpu"), help="one benchmark")
   parser.add_argument("--jpegs", type=int, default=200, help="generated JPEGs to decode")
   args = parser.parse_args()
   workdir = Path(args.workdir)
@@ -243,6 +284,8 @@ def main() -> None:
     results["decode"] = decode_speed(workdir, args.jpegs)
   if run_all or args.only == "conv2d":
     results["conv2d_scipy_over_lax_conv"] = conv2d_vs_scipy()
+  if args.only == "cpu":  # full-size models on a CPU: minutes, so only when asked for
+    results["cpu"] = {Path(path).stem: cpu_steps(path) for path in CONFIGS}
   (workdir / "benchmark.json").write_text(json.dumps(results, indent=2) + "\n")
   _print(results)
   print(f"wrote {workdir / 'benchmark.json'}")
@@ -282,6 +325,15 @@ def _print(results: dict) -> None:
       f"conv2d write-up workload: scipy time / steady lax.conv time = "
       f"{results['conv2d_scipy_over_lax_conv']:.2f}"
     )
+  if "cpu" in results:
+    print("train step on CPU, examples/s: ours (CPU convolutions, micro-batch) vs XLA's convs")
+    print(f"{'':18} {'batch':>5} {'devices':>7} {'micro':>5} {'XLA':>7} {'ours':>7} {'ratio':>6}")
+    for name, rows in results["cpu"].items():
+      for batch, r in rows.items():
+        print(
+          f"{name:18} {batch:>5} {r['devices']:7d} {r['micro_batch']:5d} "
+          f"{r['xla_examples_per_sec']:7.1f} {r['examples_per_sec']:7.1f} {r['speedup']:6.2f}"
+        )
 
 
 if __name__ == "__main__":

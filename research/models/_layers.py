@@ -18,6 +18,7 @@ device batch, so a step that splits its batch into micro-batches (research/steps
 exactly the units the whole batch would.
 """
 
+import contextlib
 import functools
 
 import flax.linen as nn
@@ -117,9 +118,23 @@ def conv_general_dilated(
   return _conv(lhs, rhs, tuple(window_strides), pads, precision)
 
 
+_xla_only = False  # set by xla_convolutions()
+
+
+@contextlib.contextmanager
+def xla_convolutions():
+  """Models traced inside use XLA's convolutions on CPU too (the benchmark's baseline)."""
+  global _xla_only
+  _xla_only = True
+  try:
+    yield
+  finally:
+    _xla_only = False
+
+
 def Conv(*args, **kwargs) -> nn.Conv:  # noqa: N802 (a module constructor, like nn.Conv)
   """`nn.Conv`, with the faster kernel gradient when JAX runs on CPU."""
-  if jax.default_backend() == "cpu":
+  if jax.default_backend() == "cpu" and not _xla_only:
     kwargs.setdefault("conv_general_dilated", conv_general_dilated)
   return nn.Conv(*args, **kwargs)
 
