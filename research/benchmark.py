@@ -112,7 +112,7 @@ def cpu_steps(path: str) -> dict:
   rows = {}
   for batch in (128, 256):
     per_device = batch // jax.device_count()
-    with _layers.xla_convolutions():
+    with _layers.plain_xla():
       xla, _ = _steady_examples_per_sec(
         _config(path, False, batch_size=batch, micro_batch_size=per_device)
       )

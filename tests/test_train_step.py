@@ -140,3 +140,17 @@ def test_the_cpu_convolution_has_xla_s_value_and_gradients(kernel, strides, padd
   np.testing.assert_allclose(ours_images_grad, images_grad, rtol=1e-4, atol=1e-5)
   for a, b in zip(jax.tree.leaves(ours_params_grad), jax.tree.leaves(params_grad), strict=True):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)  # sums in another order
+
+
+@pytest.mark.parametrize("size", [30, 13])  # 13: the last row and column are not pooled
+def test_the_cpu_max_pool_has_xla_s_value_and_gradient_ties_included(size):
+  values = jax.random.randint(jax.random.key(0), (4, size, size, 8), 0, 3)  # many ties
+  images = values.astype(jnp.float32)
+  weights = jax.random.normal(jax.random.key(1), (size // 2, size // 2, 8))
+  losses = [
+    lambda x: jnp.sum(jnp.sin(flax.linen.max_pool(x, (2, 2), strides=(2, 2)) * weights)),
+    lambda x: jnp.sum(jnp.sin(_layers.max_pool(x, 2) * weights)),
+  ]
+  (value, grad), (ours, ours_grad) = [jax.value_and_grad(loss)(images) for loss in losses]
+  assert ours == value
+  np.testing.assert_array_equal(ours_grad, grad)

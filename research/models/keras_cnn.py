@@ -22,7 +22,7 @@ class KerasCNN(nn.Module):
     for features in (32, 64):
       x = nn.relu(_layers.Conv(features, (3, 3), padding="SAME", dtype=self.dtype)(x))
       x = nn.relu(_layers.Conv(features, (3, 3), padding="VALID", dtype=self.dtype)(x))
-      x = nn.max_pool(x, (2, 2), strides=(2, 2))
+      x = _layers.max_pool(x, 2)
       x = _layers.Dropout(0.25, deterministic=not train)(x)
     x = x.reshape((x.shape[0], -1))  # [batch, 6 * 6 * 64] at 32×32 input
     x = nn.relu(nn.Dense(512, dtype=self.dtype)(x))

@@ -44,7 +44,7 @@ class VGG(nn.Module):
     x = x.astype(self.dtype)
     for layer in STAGES[self.depth]:
       if layer == "M":
-        x = nn.max_pool(x, (2, 2), strides=(2, 2))
+        x = _layers.max_pool(x, 2)
       else:
         features = max(1, round(layer * self.width))
         x = _layers.Conv(features, (3, 3), use_bias=False, dtype=self.dtype)(x)
