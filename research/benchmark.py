@@ -13,7 +13,7 @@
                         on device: examples/s of host ÷ device.
   conv2d                steady-state lax.conv on 1 device vs scipy.signal.convolve2d in a
                         Python loop, on the conv2d write-up's workload.
-  cpu                   (--only cpu) the Keras CNN and VGG train steps at global batch 128
+  cpu                   (on a CPU host) the Keras CNN and VGG train steps at global batch 128
                         and 256: examples/s of this codebase's step (its CPU convolutions,
                         the auto micro-batch) ÷ the same step with XLA's convolutions on the
                         whole batch (what a plain jitted flax step does), in this process's
@@ -284,7 +284,8 @@ def main() -> None:
     results["decode"] = decode_speed(workdir, args.jpegs)
   if run_all or args.only == "conv2d":
     results["conv2d_scipy_over_lax_conv"] = conv2d_vs_scipy()
-  if args.only == "cpu":  # full-size models on a CPU: minutes, so only when asked for
+  on_cpu = jax.default_backend() == "cpu"
+  if args.only == "cpu" or (run_all and on_cpu):  # full-size models on a CPU: ~10 minutes
     results["cpu"] = {Path(path).stem: cpu_steps(path) for path in CONFIGS}
   (workdir / "benchmark.json").write_text(json.dumps(results, indent=2) + "\n")
   _print(results)

@@ -125,7 +125,7 @@ def test_micro_batches_take_the_steps_of_the_whole_batch_dropout_included():
 @pytest.mark.parametrize(
   "kernel, strides, padding",
   [((3, 3), 1, "SAME"), ((3, 3), 1, "VALID"), ((3, 3), 2, "VALID"), ((1, 7), 1, "SAME"),
-   ((1, 1), 1, "SAME"), ((3, 3), 2, "SAME"), ((3, 3), 1, ((2, 0), (1, 3)))],
+   ((1, 1), 1, "SAME"), ((3, 3), 2, "SAME"), ((3, 3), 1, ((2, 0), (1, 3))), ((13, 13), 1, "SAME")],
 )  # fmt: skip
 def test_the_cpu_convolution_has_xla_s_value_and_gradients(kernel, strides, padding):
   images = jax.random.normal(jax.random.key(0), (4, 11, 11, 5))

@@ -30,14 +30,36 @@ from jax import lax
 NHWC = ("NHWC", "HWIO", "NHWC")
 
 
+def _patches(lhs, kernel_hw, strides, pads):
+  """The input pixels each kernel tap multiplies, side by side: [B, Ho, Wo, kh*kw*C]."""
+  (kh, kw), (sh, sw) = kernel_hw, strides
+  no_pad = (0, 0, 0)
+  padded = lax.pad(lhs, jnp.zeros((), lhs.dtype), [no_pad, (*pads[0], 0), (*pads[1], 0), no_pad])
+  b, h, w, c = padded.shape
+  ho, wo = (h - kh) // sh + 1, (w - kw) // sw + 1
+  views = [  # tap (i, j): [B, Ho, Wo, C]
+    lax.slice(
+      padded, (0, i, j, 0), (b, i + sh * (ho - 1) + 1, j + sw * (wo - 1) + 1, c), (1, sh, sw, 1)
+    )
+    for i in range(kh)
+    for j in range(kw)
+  ]
+  return views[0] if len(views) == 1 else lax.concatenate(views, 3)
+
+
 def _forward(lhs, rhs, strides, pads, precision):
-  """The convolution; at stride 1 with less than SAME padding, a SAME one cropped (faster)."""
+  """The convolution, in the form XLA:CPU runs fastest for its shape."""
+  kh, kw, channels, features = rhs.shape
+  if lhs.shape[1] < kh or lhs.shape[2] < kw:  # e.g. 3×3 on 2×2: XLA's generic loop, ~100× slower
+    patches = _patches(lhs, (kh, kw), strides, pads)
+    kernel = rhs.reshape(kh * kw * channels, features)
+    return lax.dot_general(patches, kernel, (((3,), (0,)), ((), ())), precision=precision)
   conv = functools.partial(lax.conv_general_dilated, dimension_numbers=NHWC, precision=precision)
-  same = [((k - 1) // 2, k // 2) for k in rhs.shape[:2]]
+  same = [((k - 1) // 2, k // 2) for k in (kh, kw)]
   extra = [(s[0] - p[0], s[1] - p[1]) for s, p in zip(same, pads, strict=True)]
   if strides != (1, 1) or min(min(e) for e in extra) < 0 or max(max(e) for e in extra) == 0:
     return conv(lhs, rhs, strides, pads)
-  out = conv(lhs, rhs, (1, 1), same)
+  out = conv(lhs, rhs, (1, 1), same)  # stride 1, less than SAME padding: SAME, cropped
   (top, bottom), (left, right) = extra
   return out[:, top : out.shape[1] - bottom, left : out.shape[2] - right]
 
@@ -56,20 +78,7 @@ def _conv_bwd(strides, pads, precision, residuals, g):
   _, input_vjp = jax.vjp(lambda x: _forward(x, rhs, strides, pads, precision), lhs)
   (lhs_grad,) = input_vjp(g)  # XLA's transposed convolution (dead code for the first layer)
   kh, kw, channels, features = rhs.shape
-  ho, wo = g.shape[1:3]
-  no_pad = (0, 0, 0)
-  padded = lax.pad(lhs, jnp.zeros((), lhs.dtype), [no_pad, (*pads[0], 0), (*pads[1], 0), no_pad])
-  views = [  # the input pixels that kernel tap (i, j) multiplied: [B, Ho, Wo, C] each
-    lax.slice(
-      padded,
-      (0, i, j, 0),
-      (padded.shape[0], i + strides[0] * (ho - 1) + 1, j + strides[1] * (wo - 1) + 1, channels),
-      (1, *strides, 1),
-    )
-    for i in range(kh)
-    for j in range(kw)
-  ]
-  patches = views[0] if len(views) == 1 else lax.concatenate(views, 3)  # [B, Ho, Wo, kh*kw*C]
+  patches = _patches(lhs, (kh, kw), strides, pads)
   rhs_grad = lax.dot_general(patches, g, (((0, 1, 2), (0, 1, 2)), ((), ())), precision=precision)
   return lhs_grad, rhs_grad.reshape(kh, kw, channels, features).astype(rhs.dtype)
 
