@@ -123,12 +123,13 @@ def test_micro_batches_take_the_steps_of_the_whole_batch_dropout_included():
 
 
 @pytest.mark.parametrize(
-  "kernel, strides, padding",
-  [((3, 3), 1, "SAME"), ((3, 3), 1, "VALID"), ((3, 3), 2, "VALID"), ((1, 7), 1, "SAME"),
-   ((1, 1), 1, "SAME"), ((3, 3), 2, "SAME"), ((3, 3), 1, ((2, 0), (1, 3))), ((13, 13), 1, "SAME")],
+  "size, kernel, strides, padding",
+  [(11, (3, 3), 1, "SAME"), (11, (3, 3), 1, "VALID"), (11, (3, 3), 2, "VALID"),
+   (11, (1, 7), 1, "SAME"), (11, (1, 1), 1, "SAME"), (11, (3, 3), 2, "SAME"),
+   (11, (3, 3), 1, ((2, 0), (1, 3))), (2, (3, 3), 1, "SAME")],  # 2: kernel larger than input
 )  # fmt: skip
-def test_the_cpu_convolution_has_xla_s_value_and_gradients(kernel, strides, padding):
-  images = jax.random.normal(jax.random.key(0), (4, 11, 11, 5))
+def test_the_cpu_convolution_has_xla_s_value_and_gradients(size, kernel, strides, padding):
+  images = jax.random.normal(jax.random.key(0), (4, size, size, 5))
   grads = []
   for conv_fn in (lax.conv_general_dilated, _layers.conv_general_dilated):
     conv = flax.linen.Conv(6, kernel, strides, padding, conv_general_dilated=conv_fn)
