@@ -74,10 +74,15 @@ def _time_steps(p_step, rstate, batches, steps: int, warmup: int = 3) -> float:
   return time.perf_counter() - start
 
 
+def _bare(config):
+  """The config's run and its pmapped step alone (no logging, no fetches)."""
+  run = setup(config)
+  return run, jax.pmap(run.inputs.train_step, axis_name=AXIS, donate_argnums=(0,))
+
+
 def bare_step(config, steps: int) -> float:
   """Examples/s of the pmapped step alone on device-resident data: no logging, no fetches."""
-  run = setup(config)
-  p_step = jax.pmap(run.inputs.train_step, axis_name=AXIS, donate_argnums=(0,))
+  run, p_step = _bare(config)
   seconds = _time_steps(p_step, replicate(run.state), run.inputs.batches(0), steps)
   return steps * config.batch_size / seconds
 
@@ -94,17 +99,15 @@ def full_loop(config, steps: int, workdir: Path) -> float:
 
 def _steady_examples_per_sec(config, seconds: float = 10.0) -> tuple[float, int]:
   """Examples/s of the bare step over about `seconds` after 2 warm-up steps; the micro-batch."""
-  run = setup(config)
-  p_step = jax.pmap(run.inputs.train_step, axis_name=AXIS, donate_argnums=(0,))
+  run, p_step = _bare(config)
   rstate, batches = replicate(run.state), run.inputs.batches(0)
   for _ in range(2):  # the compile, then one step to size the timed run
     start = time.perf_counter()
     rstate, metrics = p_step(rstate, next(batches))
     jax.block_until_ready(metrics)
   steps = max(2, min(20, round(seconds / (time.perf_counter() - start))))
-  return steps * config.batch_size / _time_steps(p_step, rstate, batches, steps, warmup=0), (
-    run.micro_batch
-  )
+  timed = _time_steps(p_step, rstate, batches, steps, warmup=0)
+  return steps * config.batch_size / timed, run.micro_batch
 
 
 def cpu_steps(path: str) -> dict:

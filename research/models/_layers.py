@@ -131,6 +131,11 @@ def conv_general_dilated(
 _xla_only = False  # set by plain_xla()
 
 
+def _cpu_forms() -> bool:
+  """Whether layers use their CPU forms: on CPU, outside `plain_xla()`."""
+  return jax.default_backend() == "cpu" and not _xla_only
+
+
 @contextlib.contextmanager
 def plain_xla():
   """Models traced inside use XLA's own convolution and pooling on CPU too (the baseline)."""
@@ -144,7 +149,7 @@ def plain_xla():
 
 def Conv(*args, **kwargs) -> nn.Conv:  # noqa: N802 (a module constructor, like nn.Conv)
   """`nn.Conv`, with the faster kernel gradient when JAX runs on CPU."""
-  if jax.default_backend() == "cpu" and not _xla_only:
+  if _cpu_forms():
     kwargs.setdefault("conv_general_dilated", conv_general_dilated)
   return nn.Conv(*args, **kwargs)
 
@@ -162,6 +167,8 @@ class Dropout(nn.Module):
   def __call__(self, x):
     if self.deterministic or self.rate == 0:
       return x
+    if self.rate == 1:  # as nn.Dropout: no division by a zero keep probability
+      return jnp.zeros_like(x)
     root = self.scope.root  # the index is given once, at the top: model.apply(variables)
     index = (
       root.get_variable(EXAMPLES, "index")
@@ -211,6 +218,6 @@ def max_pool(x, window: int):
   XLA:CPU computes the max-pool gradient with a scatter over index arrays the size of the
   input (18% of the Keras CNN's CPU step); the same gradient is a select per window here.
   """
-  if jax.default_backend() != "cpu" or _xla_only:
-    return nn.max_pool(x, (window, window), strides=(window, window))
-  return _max_pool(x, window)
+  if _cpu_forms():
+    return _max_pool(x, window)
+  return nn.max_pool(x, (window, window), strides=(window, window))
