@@ -46,7 +46,8 @@ def _final_params(workdir, config):
 def _start_two(workdir, *overrides):
   """Two processes of 4 CPU devices each, joined through jax.distributed (gloo)."""
   port = _free_port()
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+  flags = f"{os.environ['XLA_FLAGS']} --xla_force_host_platform_device_count=4"
+  env = {**os.environ, "XLA_FLAGS": flags}  # the suite's flags; the last device count counts
   command = [
     sys.executable,
     "-m",

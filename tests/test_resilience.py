@@ -30,7 +30,8 @@ ARGS = [
 
 
 def _start(workdir, devices=8, extra=()):
-  env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+  flags = f"{os.environ['XLA_FLAGS']} --xla_force_host_platform_device_count={devices}"
+  env = {**os.environ, "XLA_FLAGS": flags}  # the suite's flags; the last device count counts
   return subprocess.Popen(
     [sys.executable, "-m", "research.main", "--config", SMOKE, f"--workdir={workdir}", *ARGS]
     + list(extra),

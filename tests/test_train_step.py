@@ -112,14 +112,19 @@ def test_micro_batches_take_the_steps_of_the_whole_batch_dropout_included():
     rstate, shard, losses = replicate(run.state), next(run.inputs.batches(0)), []
     for _ in range(3):
       rstate, metrics = p_step(rstate, shard)
-      losses.append(first_replica(metrics)["loss"])
+      losses.append([first_replica(metrics)[k] for k in ("loss", "grad_norm")])
     curves.append((losses, first_replica(rstate.params)))
-  (micro_losses, micro_params), (whole_losses, whole_params) = curves
-  np.testing.assert_allclose(micro_losses, whole_losses, rtol=1e-5)
-  # RMSprop divides by the gradient's own size, so float noise in a tiny gradient moves a
-  # parameter by up to ~lr: 1e-5 is 1% of one step of lr 1e-3.
-  for a, b in zip(jax.tree.leaves(micro_params), jax.tree.leaves(whole_params), strict=True):
-    np.testing.assert_allclose(a, b, atol=1e-5)
+  (micro_curve, micro_params), (whole_curve, whole_params) = curves
+  micro_curve, whole_curve = np.array(micro_curve), np.array(whole_curve)  # [step, (loss, norm)]
+  np.testing.assert_allclose(micro_curve[:, 0], whole_curve[:, 0], rtol=1e-5)
+  np.testing.assert_allclose(micro_curve[:, 1], whole_curve[:, 1], rtol=1e-4)  # gradient size
+  # RMSprop divides by the gradient's own size, so float noise in a near-zero gradient moves a
+  # weight by up to ~lr (seen: 41 of 1,250,858 weights by over 1e-5, the largest 6.5e-4). A
+  # wrong split (a micro-batch lost, or counted twice) moves nearly every weight by ~lr.
+  micro, whole = (
+    np.concatenate([x.ravel() for x in jax.tree.leaves(p)]) for p in (micro_params, whole_params)
+  )
+  assert np.mean(np.abs(micro - whole) > 1e-5) < 1e-4
 
 
 @pytest.mark.parametrize(
