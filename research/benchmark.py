@@ -37,7 +37,7 @@ import numpy as np
 from PIL import Image
 
 from research import augment as augment_lib
-from research import configuration
+from research import configuration, host_memory
 from research.data import folder
 from research.data.streaming import prefetch_to_devices
 from research.models import _layers
@@ -98,10 +98,14 @@ def full_loop(config, steps: int, workdir: Path) -> float:
 
 
 def _steady_examples_per_sec(config, seconds: float = 10.0) -> tuple[float, int]:
-  """Examples/s of the bare step over about `seconds` after 2 warm-up steps; the micro-batch."""
+  """Examples/s of the bare step over about `seconds` after 5 warm-up steps; the micro-batch.
+
+  Five: the compile, then the steps in which the host heap grows to the step's peak (their
+  memory is new to the process; see research/host_memory.py); the last one sizes the run.
+  """
   run, p_step = _bare(config)
   rstate, batches = replicate(run.state), run.inputs.batches(0)
-  for _ in range(2):  # the compile, then one step to size the timed run
+  for _ in range(5):
     start = time.perf_counter()
     rstate, metrics = p_step(rstate, next(batches))
     jax.block_until_ready(metrics)
@@ -252,6 +256,7 @@ def decode_speed(workdir: Path, count: int, host_sizes=(320, 160)) -> dict:
 
 
 def main() -> None:
+  host_memory.keep_freed_memory()  # before JAX starts its threads
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--small", action="store_true", help="smaller models, for CPUs")
   parser.add_argument("--steps", type=int, default=40, help="timed steps per measurement")

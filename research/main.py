@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from research import configuration
+from research import configuration, host_memory
 from research import workdir as workdir_lib
 from research.errors import UserError
 from research.preemption import Preempted
@@ -125,6 +125,7 @@ def run(argv: list[str]) -> None:
 
 
 def main() -> int:
+  host_memory.keep_freed_memory()  # before JAX starts its threads
   try:
     run(sys.argv[1:])
   except UserError as e:

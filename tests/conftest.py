@@ -18,6 +18,10 @@ os.environ.setdefault(
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
+from research import host_memory  # noqa: E402
+
+host_memory.keep_freed_memory()  # as research.main does, before JAX starts its threads
+
 
 import io  # noqa: E402
 import pickle  # noqa: E402
