@@ -5,10 +5,12 @@ XLA:CPU allocates a step's buffers with malloc and frees them when the step ends
 blocks, and its per-thread arenas, back to the kernel, so every step the kernel maps and
 zeroes the same memory again. Measured on a 2-core CPU: 82,000 page faults and ~245 ms of
 system time in each 395 ms step. With one arena, no mmap and no trimming, the freed memory
-is reused: 0 page faults. See BENCHMARKS.md for the step's speed with and without.
+is reused: once the heap has grown to the step's peak (the first few steps), 0 page faults.
+See BENCHMARKS.md for the step's speed with and without.
 
 The cost: the process keeps its peak host memory until it exits. GPU runs do not need it
-(their step's buffers live on the GPU), but it does them no harm, so it applies everywhere.
+(their step's buffers live on the GPU); it applies there too, for one code path, and has not
+been measured on a GPU host.
 """
 
 import ctypes
