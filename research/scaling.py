@@ -44,7 +44,8 @@ def device_counts(n: int) -> list[int]:
   return counts if counts[-1] == n else [*counts, n]
 
 
-def _env_for(n_devices: int, backend: str) -> dict:
+def env_for(n_devices: int, backend: str) -> dict:
+  """This process's environment for a child run on `n_devices` of `backend` ("gpu" or "cpu")."""
   env = dict(os.environ)
   if backend == "gpu":
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(n_devices))
@@ -69,7 +70,7 @@ def _measure(spec, overrides, workdir: Path, n_devices: int, batch: int, config,
   ]
   result = subprocess.run(
     [sys.executable, "-m", "research.main", f"--config={spec}", *args],
-    env=_env_for(n_devices, backend),
+    env=env_for(n_devices, backend),
     capture_output=True,
     text=True,
   )

@@ -1,7 +1,6 @@
 """Two processes × 4 CPU devices (jax.distributed, gloo) train like one process × 8 devices."""
 
 import json
-import os
 import re
 import signal
 import socket
@@ -12,7 +11,7 @@ import time
 import jax
 import numpy as np
 
-from research import checkpoint, configuration, models, optim
+from research import checkpoint, configuration, models, optim, scaling
 from research.steps import AXIS, create_train_state
 from research.train import train_and_evaluate
 
@@ -46,8 +45,7 @@ def _final_params(workdir, config):
 def _start_two(workdir, *overrides):
   """Two processes of 4 CPU devices each, joined through jax.distributed (gloo)."""
   port = _free_port()
-  flags = f"{os.environ['XLA_FLAGS']} --xla_force_host_platform_device_count=4"
-  env = {**os.environ, "XLA_FLAGS": flags}  # the suite's flags; the last device count counts
+  env = scaling.env_for(4, "cpu")  # the suite's XLA flags, 4 devices
   command = [
     sys.executable,
     "-m",

@@ -2,7 +2,6 @@
 checkpoints, NaN stops, TensorBoard output."""
 
 import json
-import os
 import random
 import signal
 import struct
@@ -16,7 +15,7 @@ import numpy as np
 import pytest
 from tensorboardX.proto import event_pb2
 
-from research import checkpoint, configuration
+from research import checkpoint, configuration, scaling
 from research.errors import UserError
 from research.train import train_and_evaluate
 
@@ -30,8 +29,7 @@ ARGS = [
 
 
 def _start(workdir, devices=8, extra=()):
-  flags = f"{os.environ['XLA_FLAGS']} --xla_force_host_platform_device_count={devices}"
-  env = {**os.environ, "XLA_FLAGS": flags}  # the suite's flags; the last device count counts
+  env = scaling.env_for(devices, "cpu")  # the suite's XLA flags, this device count
   return subprocess.Popen(
     [sys.executable, "-m", "research.main", "--config", SMOKE, f"--workdir={workdir}", *ARGS]
     + list(extra),
