@@ -2,7 +2,8 @@
 
 Two kinds, one interface:
   - resident (CIFAR-sized): the whole split lives on the devices as uint8; each step
-    gathers its batch on device, so the host hands over the same shard every step.
+    gathers its batch on device, so the host hands over the same shard every step, with
+    the epoch's order of it (computed on device once per epoch).
   - streamed (ImageNet-sized): host workers decode fixed-size uint8 batches that are
     prefetched to the devices while the previous step runs (research/data/streaming.py).
 """
@@ -56,8 +57,24 @@ def resident(
   n_devices = jax.device_count()
   shard_size = check_shard(config, len(data.train_labels), n_devices, per_device_batch)
   shuffle_key, step_key = keys
-  batch_kwargs = dict(shuffle_key=shuffle_key, step_key=step_key, per_device_batch=per_device_batch)
+  batch_kwargs = dict(step_key=step_key, per_device_batch=per_device_batch)
   train_shard = upload_shards((data.train_images, data.train_labels), shard_size)
+  steps_per_epoch = shard_size // per_device_batch
+  p_order = jax.pmap(
+    functools.partial(steps.epoch_order, shuffle_key=shuffle_key, shard_size=shard_size),
+    axis_name=AXIS,
+  )
+
+  def batches(start_step):
+    """(the shard, its epoch's order) for steps start_step, start_step + 1, ...: the same
+    arrays within an epoch; the order is computed on device when an epoch begins."""
+    epoch, order = None, None
+    for step in itertools.count(start_step):
+      if step // steps_per_epoch != epoch:
+        epoch = step // steps_per_epoch
+        order = p_order(replicate(np.int32(epoch)))
+      yield train_shard, order
+
   test = pad_for_eval(data.test_images, data.test_labels, config.eval_batch_size)
   test_shard = upload_shards(test, len(test[1]) // n_devices)
   p_eval = jax.pmap(
@@ -75,9 +92,8 @@ def resident(
     axis_name=AXIS,
   )
 
-  def preview(step, batch):
-    del batch  # gathered on device from the resident shard
-    images = p_preview(replicate(np.int32(step)), train_shard)  # [devices, 8, H, W, C]
+  def preview(step, batch):  # batch: step `step`'s, from batches()
+    images = p_preview(replicate(np.int32(step)), batch)  # [devices, 8, H, W, C]
     local = np.concatenate([np.asarray(s.data) for s in images.addressable_shards[:4]])
     return local.reshape(-1, *local.shape[2:])
 
@@ -90,11 +106,11 @@ def resident(
     ),
     num_classes=data.num_classes,
     example_shape=data.train_images.shape[1:],
-    steps_per_epoch=shard_size // per_device_batch,
+    steps_per_epoch=steps_per_epoch,
     train_step=functools.partial(
       steps.resident_train_step, batch_kwargs=batch_kwargs, **step_kwargs
     ),
-    batches=lambda start: itertools.repeat(train_shard),  # nothing to fetch: it is there
+    batches=batches,
     evaluate=lambda rstate: first_replica(p_eval(rstate, test_shard)),
     preview=preview,
     skipped_images=lambda: len(data.skipped_files),

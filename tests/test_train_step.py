@@ -11,7 +11,8 @@ import optax
 import pytest
 from jax import lax
 
-from research import augment, configuration, models
+from research import augment, configuration, inputs, models, steps
+from research.data import ImageDataset
 from research.models import _layers
 from research.placement import first_replica, replicate
 from research.steps import AXIS, create_train_state, train_step
@@ -98,6 +99,36 @@ def test_params_changed_and_replicas_agree(batch):
     np.testing.assert_array_equal(leaf, np.broadcast_to(leaf[0], leaf.shape))
   before, after = jax.tree.leaves(state.params)[0], jax.tree.leaves(per_device)[0][0]
   assert not np.allclose(before, after)
+
+
+def test_resident_batches_take_each_example_once_per_epoch_in_a_new_order():
+  labels = np.arange(48, dtype=np.int32)  # 6 per device: 3 steps of 2 per epoch
+  images = np.zeros((48, 4, 4, 3), np.uint8)
+  data = ImageDataset("synthetic", "test", images, labels, images[:8], labels[:8], 48)
+  config = configuration.load("configs/cifar_keras_cnn.py:smoke")
+  config.update(batch_size=16, eval_batch_size=8)
+  resident = inputs.resident(
+    config,
+    data,
+    step_kwargs={"augment": augment.build("standardize")},
+    preprocess=augment.build("standardize"),
+    keys=tuple(jax.random.split(jax.random.key(0))),
+    per_device_batch=2,
+  )
+  gather = jax.pmap(
+    functools.partial(steps.resident_batch, step_key=jax.random.key(1), per_device_batch=2),
+    axis_name=AXIS,
+  )
+  taken = lambda step, batch: np.asarray(gather(replicate(np.int32(step)), batch)[1])
+  stream = resident.batches(0)
+  seen = [taken(step, next(stream)) for step in range(9)]  # [8 devices, 2] each
+  epochs = [np.concatenate(seen[e * 3 : e * 3 + 3], axis=1) for e in range(3)]  # [8, 6]
+  for order in epochs:  # device d holds examples 6d .. 6d + 5
+    np.testing.assert_array_equal(np.sort(order, axis=1), labels.reshape(8, 6))
+  assert not np.array_equal(epochs[0], epochs[1]) and not np.array_equal(epochs[1], epochs[2])
+  resumed = resident.batches(4)  # a run resumed mid-epoch takes the same examples
+  for step in range(4, 9):
+    np.testing.assert_array_equal(taken(step, next(resumed)), seen[step])
 
 
 def test_micro_batches_take_the_steps_of_the_whole_batch_dropout_included():
