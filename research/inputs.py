@@ -60,19 +60,18 @@ def resident(
   batch_kwargs = dict(step_key=step_key, per_device_batch=per_device_batch)
   train_shard = upload_shards((data.train_images, data.train_labels), shard_size)
   steps_per_epoch = shard_size // per_device_batch
-  p_order = jax.pmap(
-    functools.partial(steps.epoch_order, shuffle_key=shuffle_key, shard_size=shard_size),
-    axis_name=AXIS,
+  epoch_order = jax.jit(
+    functools.partial(steps.epoch_order, shuffle_key=shuffle_key, shard_size=shard_size)
   )
 
   def batches(start_step):
     """(the shard, its epoch's order) for steps start_step, start_step + 1, ...: the same
-    arrays within an epoch; the order is computed on device when an epoch begins."""
+    arrays within an epoch; the order is computed when an epoch begins, then replicated."""
     epoch, order = None, None
     for step in itertools.count(start_step):
       if step // steps_per_epoch != epoch:
         epoch = step // steps_per_epoch
-        order = p_order(replicate(np.int32(epoch)))
+        order = replicate(np.asarray(epoch_order(epoch)))  # [devices, shard_size] int32
       yield train_shard, order
 
   test = pad_for_eval(data.test_images, data.test_labels, config.eval_batch_size)

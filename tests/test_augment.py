@@ -89,7 +89,8 @@ def _preview_of_identical_shards(seed):
     keys=(keys[0], keys[1]),
     per_device_batch=8,
   )
-  return lambda step: inputs.preview(step, None).reshape(4, 8, 32, 32, 3)  # first 4 devices
+  preview = lambda step: inputs.preview(step, next(inputs.batches(step)))
+  return lambda step: preview(step).reshape(4, 8, 32, 32, 3)  # first 4 devices
 
 
 def test_devices_of_one_step_draw_different_crops_and_a_seed_and_step_draw_the_same():
