@@ -66,12 +66,13 @@ def resident(
 
   def batches(start_step):
     """(the shard, its epoch's order) for steps start_step, start_step + 1, ...: the same
-    arrays within an epoch; the order is computed when an epoch begins, then replicated."""
-    epoch, order = None, None
+    arrays within an epoch. The next epoch's order is computed while this one trains, so
+    fetching it at the epoch's start does not wait (nor count as input wait)."""
+    next_order = epoch_order(start_step // steps_per_epoch)
     for step in itertools.count(start_step):
-      if step // steps_per_epoch != epoch:
-        epoch = step // steps_per_epoch
-        order = replicate(np.asarray(epoch_order(epoch)))  # [devices, shard_size] int32
+      if step == start_step or step % steps_per_epoch == 0:
+        order = replicate(np.asarray(next_order))  # [devices, shard_size] int32
+        next_order = epoch_order(step // steps_per_epoch + 1)  # dispatched, not awaited
       yield train_shard, order
 
   test = pad_for_eval(data.test_images, data.test_labels, config.eval_batch_size)
