@@ -3,7 +3,7 @@
 Two kinds, one interface:
   - resident (CIFAR-sized): the whole split lives on the devices as uint8; each step
     gathers its batch on device, so the host hands over the same shard every step, with
-    the epoch's order of it (computed on device once per epoch).
+    the epoch's order of it (computed once per epoch, ahead of the epoch).
   - streamed (ImageNet-sized): host workers decode fixed-size uint8 batches that are
     prefetched to the devices while the previous step runs (research/data/streaming.py).
 """
