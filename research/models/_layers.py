@@ -44,11 +44,11 @@ def _patches(lhs, kernel_hw, strides, pads):
   padded = lax.pad(lhs, jnp.zeros((), lhs.dtype), [no_pad, (*pads[0], 0), (*pads[1], 0), no_pad])
   b, h, w, c = padded.shape
   eye = jnp.eye(c, dtype=lhs.dtype)
-  padded = lax.dot_general(eye, padded, (((1,), (3,)), ((), ())))  # [C, B, H, W]
+  planes = lax.dot_general(eye, padded, (((1,), (3,)), ((), ())), precision="highest")  # [C,B,H,W]
   ho, wo = (h - kh) // sh + 1, (w - kw) // sw + 1
   views = [
     lax.slice(
-      padded, (0, 0, i, j), (c, b, i + sh * (ho - 1) + 1, j + sw * (wo - 1) + 1), (1, 1, sh, sw)
+      planes, (0, 0, i, j), (c, b, i + sh * (ho - 1) + 1, j + sw * (wo - 1) + 1), (1, 1, sh, sw)
     )
     for i in range(kh)
     for j in range(kw)
