@@ -17,7 +17,7 @@ from pathlib import Path
 from research import configuration, host_memory
 from research import workdir as workdir_lib
 from research.errors import UserError
-from research.preemption import Preempted
+from research.preemption import EXIT_INTERRUPTED, Preempted
 
 
 def _env_int(name: str) -> int | None:
@@ -83,7 +83,8 @@ def default_workdir(spec: str) -> Path:
   return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def run(argv: list[str]) -> None:
+def run(argv: list[str]) -> int:
+  """Runs what the command line asks for; returns the exit code (0, or 130 after a Ctrl-C)."""
   args, overrides = parse_args(argv)
   config = configuration.load(args.config)
   for field, value in overrides:
@@ -94,6 +95,7 @@ def run(argv: list[str]) -> None:
   if jax.process_count() > 1 and not args.workdir:
     raise UserError("multi-process runs need --workdir=DIR on a filesystem all hosts share")
   workdir = Path(args.workdir).expanduser() if args.workdir else default_workdir(args.config)
+  workdir_lib.check_writable(workdir)
   workdir_lib.check_resumable(workdir, config, args.allow_config_change)
   if config.experiment == "train" and config.scaling_report:
     from research import scaling, validate
@@ -101,7 +103,7 @@ def run(argv: list[str]) -> None:
     validate.train_config(config, jax.local_device_count())  # every device count, up front
     workdir_lib.prepare(workdir, config)
     scaling.run(config, args.config, overrides, workdir)
-    return
+    return 0
   if config.experiment == "train":
     from research.train import train_and_evaluate
 
@@ -112,7 +114,8 @@ def run(argv: list[str]) -> None:
       rerun = [args.config, f"--workdir={workdir}", *(f"--config.{f}={v}" for f, v in overrides)]
       rerun += ["--allow_config_change"] if args.allow_config_change else []
       print(f"{e}; checkpoint written. To resume, run:\n  ./launch.sh {shlex.join(rerun)}")
-    return
+      return e.exit_code
+    return 0
   experiments = [p.stem for p in Path(__file__).parent.glob("experiments/[!_]*.py")]
   if config.experiment not in experiments:
     raise UserError(
@@ -122,19 +125,19 @@ def run(argv: list[str]) -> None:
   experiment.check_config(config, jax.local_device_count())  # before anything is written
   workdir_lib.prepare(workdir, config)
   experiment.run(config, str(workdir))
+  return 0
 
 
 def main() -> int:
   host_memory.keep_freed_memory()  # before JAX starts its threads
   try:
-    run(sys.argv[1:])
+    return run(sys.argv[1:])
   except UserError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
-  except KeyboardInterrupt:
+  except KeyboardInterrupt:  # Ctrl-C before training started: nothing to save
     print("\ninterrupted", file=sys.stderr)
-    return 130
-  return 0
+    return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -122,7 +122,7 @@ def _make_inputs(config, **kwargs) -> Inputs:
   """Opens the config's data, resident on the devices or streamed from host workers."""
   scanned = None
   if config.dataset == "folder":
-    scanned = folder.scan(config.data_dir)
+    scanned = folder.scan(config.data_dir, config.skip_bad_images)
     folder.check_num_classes(scanned, config.model.num_classes)
   placement = config.data_placement  # folder only; tfds datasets always stream
   if scanned is not None and placement == "auto":
@@ -218,7 +218,8 @@ def train_and_evaluate(
 ) -> dict:
   """Trains `config` on all devices, writing logs and checkpoints to `workdir`.
 
-  Returns the final eval record. Raises Preempted after saving a checkpoint on SIGTERM.
+  Returns the final eval record. Raises Preempted after saving a checkpoint on SIGTERM or
+  Ctrl-C.
   A resume on other data than `workdir` recorded is an error unless `allow_data_change`.
   """
   workdir = Path(workdir)
@@ -287,8 +288,10 @@ def train_and_evaluate(
   pending, input_wait, paused, warned_long = [], 0.0, 0.0, False
   single_process = jax.process_count() == 1
   interval_start = loop_start = time.perf_counter()
-  try:
-    with Preemption(every=config.log_every_steps) as preemption:
+  # The signal handlers stay until the last checkpoint is on disk: a second Ctrl-C while it is
+  # written aborts at once.
+  with Preemption(every=config.log_every_steps) as preemption:
+    try:
       for step in range(start_step + 1, num_steps + 1):
         if profile and step == profile[0]:
           jax.profiler.start_trace(str(workdir / "profile"))
@@ -332,7 +335,7 @@ def train_and_evaluate(
           echo(f"wrote a profile of steps {profile[0]}-{profile[1]} to {workdir / 'profile'}")
         if preemption.stop_after(step):  # agreed by all processes: all save this step
           checkpoints.save(step, first_replica(rstate))
-          raise Preempted(step)
+          raise Preempted(step, preemption.interrupted)
         eval_due = config.eval_every_steps and step % config.eval_every_steps == 0
         if (eval_due or checkpoints.due(step)) and step < num_steps:
           jax.block_until_ready(rstate)  # dispatched steps finish on the training clock
@@ -348,13 +351,13 @@ def train_and_evaluate(
               "the write goes on in the background)"
             )
           paused += time.perf_counter() - pause_start
-    final = evaluate(num_steps)
-    checkpoints.save(num_steps, _finite_or_stop(first_replica(rstate), num_steps, checkpoints))
-  finally:
-    getattr(stream, "close", lambda: None)()  # streamed: stop the decode workers
-    bar.close()
-    checkpoints.close()  # a write in flight is finished, never left half-done
-    log.close()
+      final = evaluate(num_steps)
+      checkpoints.save(num_steps, _finite_or_stop(first_replica(rstate), num_steps, checkpoints))
+    finally:
+      getattr(stream, "close", lambda: None)()  # streamed: stop the decode workers
+      bar.close()
+      checkpoints.close()  # a write in flight is finished, never left half-done
+      log.close()
   if inputs.fallback_reason and is_main:
     print(_banner(f"THIS RUN TRAINED ON SYNTHETIC DATA, NOT CIFAR-10.\n{inputs.fallback_reason}"))
   if skipped_at_start != inputs.skipped_images() and is_main:  # streamed: counted as read

@@ -40,12 +40,12 @@ def _start(workdir, devices=8, extra=()):
   )
 
 
-def _finish(process, timeout=300):
+def _finish(process, timeout=300, returncode=0):
   try:
     output, _ = process.communicate(timeout=timeout)
   finally:
     process.kill()
-  assert process.returncode == 0, output
+  assert process.returncode == returncode, output
   return output
 
 
@@ -90,17 +90,47 @@ def test_resume_after_sigkill_is_exact(uninterrupted, tmp_path):
   assert _final(tmp_path) == uninterrupted, f"killed at step {kill_at}"  # bit-for-bit
 
 
-def test_sigterm_writes_a_checkpoint_and_exits_cleanly(uninterrupted, tmp_path):
+@pytest.mark.parametrize(
+  "stop, what, returncode",
+  [(signal.SIGTERM, "preempted", 0), (signal.SIGINT, "interrupted (Ctrl-C)", 130)],
+)
+def test_sigterm_or_ctrl_c_writes_a_checkpoint_and_the_rerun_ends_as_uninterrupted(
+  uninterrupted, tmp_path, stop, what, returncode
+):
   process = _start(tmp_path)
   _wait_for_step(tmp_path, 5, process)
-  process.send_signal(signal.SIGTERM)
-  output = _finish(process)
-  step = int(output.split("preempted at step ")[1].split(";")[0])
+  process.send_signal(stop)
+  output = _finish(process, returncode=returncode)
+  step = int(output.split(f"{what} at step ")[1].split(";")[0])
   assert (tmp_path / "checkpoints" / str(step)).is_dir()
   assert f"./launch.sh {SMOKE} --workdir={tmp_path}" in output
   output = _finish(_start(tmp_path))
   assert f"resumed from the checkpoint at step {step}" in output
   assert _final(tmp_path) == uninterrupted
+
+
+def test_a_second_ctrl_c_aborts_at_once(tmp_path):
+  """The second SIGINT ends the process on the spot, whatever it is doing (a save in flight
+  included); what was on disk stays, as after SIGKILL (test_resume_after_sigkill_is_exact)."""
+  script = (
+    "import os, signal, time\n"
+    "from research.preemption import Preemption\n"
+    "with Preemption(every=1) as p:\n"
+    "  os.kill(os.getpid(), signal.SIGINT)\n"
+    "  time.sleep(0.1)\n"
+    "  print('stop after step 1:', p.stop_after(1), p.interrupted, flush=True)\n"
+    "  os.kill(os.getpid(), signal.SIGINT)\n"
+    "  time.sleep(30)\n"
+    "  print('still running')\n"
+  )
+  start = time.monotonic()
+  result = subprocess.run(
+    [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=Path.cwd()
+  )
+  assert result.returncode == 130, result.stderr
+  assert time.monotonic() - start < 20  # did not wait out the sleep
+  assert result.stdout == "stop after step 1: True True\n"
+  assert "Ctrl-C again to abort now" in result.stderr and "second Ctrl-C: aborting" in result.stderr
 
 
 def test_checkpoint_from_8_devices_restores_the_same_state_on_1(tmp_path, devices=1):
