@@ -16,7 +16,8 @@ they must come first in a pipeline and everything after them never sees the padd
 """
 
 import ast
-import re
+import difflib
+import inspect
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -46,6 +47,8 @@ def register(name: str, window: bool = False):
 @register("crop")
 def crop(pad: int, mode: str = "constant") -> Op:
   """Pads by `pad` pixels (zeros, or 'reflect'/'edge') and crops back at a random offset."""
+  if mode not in ("constant", "reflect", "edge") or pad < 0:
+    raise UserError(f"crop({pad}, {mode!r}): pad must be >= 0 and mode constant, reflect or edge")
 
   def op(rng, image):
     h, w, c = image.shape
@@ -298,9 +301,6 @@ def color_distort(
   return op
 
 
-_CALL = re.compile(r"^(?P<name>\w+)(\((?P<args>.*)\))?$")
-
-
 class Step(NamedTuple):
   """One parsed op; `window` ops take the valid (height, width) as a third argument."""
 
@@ -308,23 +308,72 @@ class Step(NamedTuple):
   window: bool
 
 
+def _usage(name: str) -> str:
+  """`crop(pad: int, mode: str = 'constant')`: what an op takes, for error messages."""
+  signature = inspect.signature(_REGISTRY[name]).replace(return_annotation=inspect.Signature.empty)
+  return f"{name}{signature}"
+
+
+def _literal(part: str, node: ast.expr, name: str):
+  try:
+    return ast.literal_eval(node)
+  except (ValueError, SyntaxError):
+    raise UserError(
+      f"augmentation op {part!r}: {ast.unparse(node)} is not a number or a quoted string; "
+      f"the op is {_usage(name)}"
+    ) from None
+
+
+def _checked(part: str, name: str, args: list, kwargs: dict) -> dict:
+  """The op's arguments by parameter name, each of the type its factory declares."""
+  signature = inspect.signature(_REGISTRY[name])
+  try:
+    bound = signature.bind(*args, **kwargs)
+  except TypeError as e:
+    raise UserError(f"augmentation op {part!r}: {e}; the op is {_usage(name)}") from None
+  kinds = {
+    int: ((int,), "a whole number"),
+    float: ((int, float), "a number"),
+    str: ((str,), "a string"),
+  }
+  for param, value in bound.arguments.items():
+    allowed, what = kinds.get(signature.parameters[param].annotation, ((object,), ""))
+    if isinstance(value, bool) or not isinstance(value, allowed):
+      raise UserError(
+        f"augmentation op {part!r}: {param}={value!r} is not {what}; the op is {_usage(name)}"
+      )
+  return bound.arguments
+
+
 def parse(spec: str) -> list[Step]:
-  """Turns `"crop(4)|flip_lr"` into steps, with a user error for unknown names or bad args."""
+  """Turns `"crop(4)|flip_lr"` into steps, with a user error for unknown names or bad args.
+
+  Arguments are Python literals, by position or by name: `crop(4, mode="reflect")`.
+  """
   steps = []
   for part in filter(None, (p.strip() for p in spec.split("|"))):
-    match = _CALL.match(part)
-    name = match and match["name"]
-    if name not in _REGISTRY:
+    try:
+      call = ast.parse(part, mode="eval").body
+    except SyntaxError:
+      call = None
+    if isinstance(call, ast.Name):
+      call = ast.Call(call, [], [])
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)):
       raise UserError(
-        f"augmentation op {part!r} is unknown; available: {', '.join(sorted(_REGISTRY))}"
+        f"augmentation op {part!r} is not written as NAME or NAME(ARGUMENTS), e.g. crop(4)"
+      )
+    name = call.func.id
+    if name not in _REGISTRY:
+      near = difflib.get_close_matches(name, list(_REGISTRY), n=1)
+      hint = f" (did you mean {near[0]!r}?)" if near else ""
+      raise UserError(
+        f"augmentation op {part!r} is unknown{hint}; available: {', '.join(sorted(_REGISTRY))}"
       )
     if name in _WINDOW_OPS and steps:
       raise UserError(f"augmentation op {part!r} must be first: ops before it would see padding")
-    try:
-      args = ast.literal_eval(f"({match['args']},)") if match["args"] else ()
-      steps.append(Step(_REGISTRY[name](*args), name in _WINDOW_OPS))
-    except (ValueError, SyntaxError, TypeError) as e:
-      raise UserError(f"augmentation op {part!r} has bad arguments: {e}") from None
+    args = [_literal(part, node, name) for node in call.args]
+    kwargs = {k.arg: _literal(part, k.value, name) for k in call.keywords}
+    steps.append(Step(_REGISTRY[name](**_checked(part, name, args, kwargs)), name in _WINDOW_OPS))
   return steps
 
 

@@ -30,12 +30,34 @@ INT_FIELDS = (
   ("host_image_size", 1),
   ("micro_batch_size", 0),
 )
+# Numeric fields with a valid range: (field, the range in words, the test).
+RANGES = (
+  ("learning_rate", "> 0", lambda x: x > 0),
+  ("lr_batch_size", ">= 0 (0: no scaling)", lambda x: x >= 0),
+  ("warmup_epochs", ">= 0", lambda x: x >= 0),
+  ("lr_decay", ">= 0", lambda x: x >= 0),
+  ("lr_decay_rate", "in (0, 1]", lambda x: 0 < x <= 1),
+  ("lr_decay_epochs", "> 0", lambda x: x > 0),
+  ("momentum", "in [0, 1)", lambda x: 0 <= x < 1),
+  ("rms_decay", "in [0, 1)", lambda x: 0 <= x < 1),
+  ("rms_eps", "> 0", lambda x: x > 0),
+  ("weight_decay", ">= 0", lambda x: x >= 0),
+  ("grad_clip_norm", ">= 0 (0: off)", lambda x: x >= 0),
+  ("label_smoothing", "in [0, 1)", lambda x: 0 <= x < 1),
+  ("aux_loss_weight", ">= 0", lambda x: x >= 0),
+  ("resident_max_gb", "> 0", lambda x: x > 0),
+  ("synthetic_train_size", ">= 1", lambda x: x >= 1),
+  ("synthetic_test_size", ">= 1", lambda x: x >= 1),
+  ("synthetic_image_size", ">= 1", lambda x: x >= 1),
+  ("synthetic_noise", ">= 0", lambda x: x >= 0),
+  ("log_every_seconds", "> 0", lambda x: x > 0),
+)
 CPU_MICRO_BATCH = 16  # examples: the fastest Keras CNN step on a 2-core CPU (BENCHMARKS.md)
 
 
 def _choice(field: str, value, choices) -> None:
   if value not in choices:
-    near = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1, cutoff=0.3)
+    near = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)  # close only
     hint = f" (did you mean {near[0]!r}?)" if near else ""
     raise UserError(f"{field}={value!r} is not one of {', '.join(choices)}{hint}")
 
@@ -78,8 +100,10 @@ def train_config(config: ml_collections.ConfigDict, n_devices: int) -> int:
     value = config[field]
     if not isinstance(value, int) or value < minimum:
       raise UserError(f"{field}={value!r} must be a whole number >= {minimum}")
-  if not config.log_every_seconds > 0:
-    raise UserError(f"log_every_seconds={config.log_every_seconds} must be > 0")
+  for field, allowed, ok in RANGES:
+    value = config[field]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not ok(value):
+      raise UserError(f"{field}={value!r} must be a number {allowed}")
   if config.num_train_steps <= 0 and config.num_epochs < 1:
     raise UserError(
       f"num_epochs={config.num_epochs} with num_train_steps={config.num_train_steps} trains "

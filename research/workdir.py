@@ -1,6 +1,7 @@
 """The run directory: where a run writes, and the check that a resume continues the same run."""
 
 import json
+import os
 from pathlib import Path
 
 import jax
@@ -23,6 +24,24 @@ RESUMABLE_FIELDS = {
   "data_dir",
   "data_fallback",
 }
+
+
+def check_writable(workdir: Path) -> None:
+  """A user error unless `workdir` is a directory this process can write in, or can be made
+  one; checked before any data is loaded, and nothing is written to check it."""
+  workdir = Path(workdir).absolute()
+  existing = workdir
+  while not existing.exists():  # the directory the new workdir would be made in
+    existing = existing.parent
+  if not existing.is_dir():
+    what = "is a file" if existing == workdir else f"is inside {existing}, which is a file"
+    raise UserError(f"--workdir={workdir} {what}; give a directory (existing or new)")
+  if not os.access(existing, os.W_OK | os.X_OK):  # EROFS on a read-only filesystem, too
+    where = "" if existing == workdir else f" (it would be made in {existing})"
+    raise UserError(
+      f"--workdir={workdir} is not writable{where}: a read-only filesystem or missing "
+      "permissions; give a directory you can write in"
+    )
 
 
 def check_resumable(workdir: Path, config: ml_collections.ConfigDict, allow_change: bool) -> None:

@@ -1,6 +1,7 @@
 """Bad input: one `error:` line, non-zero exit, nothing in the workdir overwritten."""
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -97,3 +98,28 @@ def test_different_experiment_in_existing_workdir_is_refused(tmp_path, workdir):
   (workdir / "config.json").write_text('{"batch_size": 8, "model": {"name": "vgg"}}')
   line = _single_error_line(_run(["--config", SMOKE, f"--workdir={workdir}"], tmp_path))
   assert "different config" in line and "--allow_config_change" in line
+
+
+@pytest.mark.skipif(
+  shutil.which("unshare") is None
+  or subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode != 0,
+  reason="needs user and mount namespaces (unshare -rm) to mount a read-only filesystem",
+)
+@pytest.mark.parametrize("inside", ["", "new/run"])
+def test_a_workdir_on_a_read_only_filesystem_is_an_error_before_the_data_is_loaded(
+  tmp_path, inside
+):
+  readonly = tmp_path / "readonly"
+  readonly.mkdir()
+  workdir = readonly / inside
+  command = [sys.executable, "-m", "research.main", "--config", SMOKE, f"--workdir={workdir}"]
+  script = f'mount -t tmpfs -o ro none "{readonly}" && exec "$@"'  # a real read-only mount
+  result = subprocess.run(
+    ["unshare", "-rm", "sh", "-c", script, "sh", *command],
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  line = _single_error_line(result)
+  assert f"--workdir={workdir.absolute()}".rstrip("/") in line and "is not writable" in line
+  assert "decoding" not in result.stdout + result.stderr and "workdir:" not in result.stdout

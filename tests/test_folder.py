@@ -207,3 +207,15 @@ def test_model_classes_must_match_the_folder(real_slice):
   config.model.num_classes = 7
   with pytest.raises(UserError, match="has 10 classes but model.num_classes=7"):
     train_and_evaluate(config, str(real_slice / "run"))
+
+
+def test_an_empty_class_directory_with_skip_bad_images_is_named_and_still_counted(
+  real_slice, capsys
+):
+  (real_slice / "train" / "zebra").mkdir()
+  data = folder.scan(str(real_slice), skip_bad=True)
+  assert data.classes == [*CLASSES, "zebra"]  # the class count the model needs is unchanged
+  assert 10 not in data.train.labels
+  assert "warning: " in capsys.readouterr().out.replace(str(real_slice), "")
+  with pytest.raises(UserError, match="zebra holds no image files"):
+    folder.scan(str(real_slice))

@@ -1,14 +1,17 @@
 """Config mistakes are one `error:` line, found before anything is loaded, compiled or written."""
 
 import re
+import shutil
+from pathlib import Path
 
 import pytest
 
-from research import configuration, main, validate
+from research import configuration, main, train, validate
 from research.errors import UserError
 from research.train import train_and_evaluate
 
 SMOKE = "configs/cifar_vgg.py:smoke"
+SLICE = Path(__file__).parent / "data" / "cifar10_slice"  # real JPEGs, 10 classes
 
 
 @pytest.mark.parametrize(
@@ -22,6 +25,22 @@ SMOKE = "configs/cifar_vgg.py:smoke"
     ("--config.profile_steps=(5,)", "profile_steps=(5,) must be () or (start, stop)"),
     ("--config.dataset=cifar100", "dataset='cifar100' is not one of"),
     ("--config.prefetch=0", "prefetch=0 must be a whole number >= 1"),
+    ("--config.learning_rate=-0.1", "learning_rate=-0.1 must be a number > 0"),
+    ("--config.momentum=1.5", "momentum=1.5 must be a number in [0, 1)"),
+    ("--config.label_smoothing=1", "label_smoothing=1.0 must be a number in [0, 1)"),
+    ("--config.weight_decay=-5e-4", "weight_decay=-0.0005 must be a number >= 0"),
+    (
+      "--config.augment=crop(four)",
+      "augmentation op 'crop(four)': four is not a number or a quoted string; "
+      "the op is crop(pad: int, mode: str = 'constant')",
+    ),
+    (
+      "--config.augment=crop(4)|flip_lr(0.5)",
+      "augmentation op 'flip_lr(0.5)': too many positional arguments; the op is flip_lr()",
+    ),
+    ("--config.eval_preprocess=crop('4')", "pad='4' is not a whole number"),
+    ("--config.model.name=nonexistent", "model.name='nonexistent' is not one of"),
+    ("--config.model.name=vgg16", "model.name='vgg16' is not one of inception_v3, keras_cnn, vgg"),
   ],
 )
 def test_bad_values_are_one_line_errors_before_the_workdir_is_made(tmp_path, override, message):
@@ -29,6 +48,10 @@ def test_bad_values_are_one_line_errors_before_the_workdir_is_made(tmp_path, ove
   with pytest.raises(UserError, match=re.escape(message)) as e:
     main.run(["--config", SMOKE, f"--workdir={workdir}", override])
   assert "\n" not in str(e.value) and not workdir.exists()
+  if "nonexistent" in override:  # resembles no model: no guess
+    assert "did you mean" not in str(e.value)
+  if "vgg16" in override:
+    assert "(did you mean 'vgg'?)" in str(e.value)
 
 
 def test_a_micro_batch_that_does_not_divide_the_device_batch_is_an_error():
@@ -81,3 +104,34 @@ def test_streamed_data_needs_a_pipeline_that_starts_with_a_window_op(tmp_path):
   with pytest.raises(UserError, match="augment='crop.*must start with a window op"):
     train_and_evaluate(config, str(tmp_path / "run"))
   assert not (tmp_path / "run").exists()
+
+
+def test_an_empty_class_directory_is_named_before_anything_is_written(tmp_path):
+  data = Path(shutil.copytree(SLICE, tmp_path / "data"))
+  (data / "train" / "zebra").mkdir()
+  workdir = tmp_path / "run"
+  args = ["--config", SMOKE, f"--workdir={workdir}", "--config.dataset=folder"]
+  with pytest.raises(UserError, match=r"train/zebra holds no image files, so class 10 \(zebra\)"):
+    main.run([*args, f"--config.data_dir={data}", "--config.model.num_classes=11"])
+  assert not workdir.exists()
+
+
+@pytest.mark.parametrize(
+  "make, message",
+  [
+    (lambda p: p.write_text("notes"), "is a file; give a directory"),
+    (lambda p: p.parent.joinpath("file").write_text(""), "is inside .*file, which is a file"),
+  ],
+)
+def test_a_workdir_that_is_a_file_is_an_error_before_the_data_is_loaded(
+  tmp_path, make, message, monkeypatch
+):
+  workdir = tmp_path / "run"
+  make(workdir)
+  if not workdir.exists():
+    workdir = tmp_path / "file" / "run"
+  loaded = []
+  monkeypatch.setattr(train, "_make_inputs", lambda *a, **k: loaded.append(1))
+  with pytest.raises(UserError, match=message):
+    main.run(["--config", SMOKE, f"--workdir={workdir}"])
+  assert not loaded

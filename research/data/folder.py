@@ -53,8 +53,13 @@ def _class_dirs(split_dir: Path) -> list[str]:
   return sorted(d.name for d in split_dir.iterdir() if d.is_dir() and not d.name.startswith("."))
 
 
-def _split(root: Path, name: str, classes: list[str]) -> Split:
-  """Every image file under root/name/<class>/, sorted by class then file name."""
+def _split(root: Path, name: str, classes: list[str], skip_bad: bool = False) -> Split:
+  """Every image file under root/name/<class>/, sorted by class then file name.
+
+  For the train split (`classes` are its directories), a class directory without images is
+  an error, or with `skip_bad` a warning: the class keeps its index and counts in the class
+  count, it just has no training examples.
+  """
   paths, labels = [], []
   for label, cls in enumerate(classes):
     class_dir = root / name / cls
@@ -65,6 +70,18 @@ def _split(root: Path, name: str, classes: list[str]) -> Split:
       for e in os.scandir(class_dir)
       if e.is_file() and not e.name.startswith(".") and Path(e.name).suffix.lower() in EXTENSIONS
     )
+    if not files and name == "train":
+      if not skip_bad:
+        raise UserError(
+          f"{class_dir} holds no image files, so class {label} ({cls}) has no training "
+          "examples; add its images, remove the directory (one class fewer), or pass "
+          "--config.skip_bad_images=True to train with the class empty"
+        )
+      print(
+        f"warning: {class_dir} holds no image files: class {label} ({cls}) has no training "
+        f"examples and still counts among the {len(classes)} classes (skip_bad_images)",
+        flush=True,
+      )
     paths += [f"{name}/{cls}/{f}".encode() for f in files]
     labels += [label] * len(files)
   if not paths:
@@ -74,8 +91,9 @@ def _split(root: Path, name: str, classes: list[str]) -> Split:
   return Split(name, np.asarray(paths, dtype=bytes), np.asarray(labels, np.int32))
 
 
-def scan(data_dir: str) -> Folder:
-  """Lists the train and eval splits of an image folder; one-line errors for bad layouts."""
+def scan(data_dir: str, skip_bad: bool = False) -> Folder:
+  """Lists the train and eval splits of an image folder; one-line errors for bad layouts
+  (`skip_bad`: a train class without images is a warning, see `_split`)."""
   layout = "DIR/train/<class>/* and DIR/val/<class>/* (or validation/, test/)"
   if not data_dir:
     raise UserError(f"dataset=folder needs --config.data_dir=DIR with {layout}")
@@ -95,7 +113,8 @@ def scan(data_dir: str) -> Folder:
       f"{root / eval_name} has classes that train/ lacks: {', '.join(missing[:5])}"
       f"{' …' if len(missing) > 5 else ''}; every eval class needs a train/<class> directory"
     )
-  return Folder(root, classes, _split(root, "train", classes), _split(root, eval_name, classes))
+  train = _split(root, "train", classes, skip_bad)
+  return Folder(root, classes, train, _split(root, eval_name, classes))
 
 
 def check_num_classes(folder: Folder, num_classes: int) -> None:

@@ -80,7 +80,7 @@ def sources(config, scanned: folder.Folder | None = None) -> tuple:
   """
   size = config.host_image_size
   if config.dataset == "folder":
-    data = scanned or folder.scan(config.data_dir)
+    data = scanned or folder.scan(config.data_dir, config.skip_bad_images)
     folder.check_num_classes(data, config.model.num_classes)
     train, test = (
       folder.FileImages(data.root, split, size, config.skip_bad_images)
