@@ -1,39 +1,75 @@
 #!/usr/bin/env bash
 # ./launch.sh CONFIG[:variant] [--workdir=DIR] [--config.FIELD=VALUE ...]   train / run an experiment
 # ./launch.sh test [PYTEST_ARGS ...]                                         lint + the test suite
-# ./launch.sh bench [--small]                                                benchmark ratios
+# ./launch.sh report [--only PART] [--data DIR]     measure the results table on this machine
+# ./launch.sh bench [--only NAME] [--small]         benchmark ratios
+# ./launch.sh setup [--gpu|--cpu]                   install .venv now (--gpu: for a GPU node)
+# ./launch.sh wheelhouse [--gpu] [--python-version X.Y] [NAME ...]   wheels for offline hosts
 # ./launch.sh lock                                  re-resolve the pinned versions (requirements/)
 #
 # On first use this creates .venv and installs the project from pyproject.toml with the exact
-# versions in requirements/cpu.lock (requirements/cuda12.lock, with the cuda12 extra, when
-# `nvidia-smi` finds a GPU); later runs reuse it and start in seconds.
+# versions in requirements/cpu.lock, or requirements/cuda12.lock (the cuda12 extra) when
+# `nvidia-smi` finds a GPU or `setup --gpu` asked for it; later runs reuse it and start in
+# seconds. A .venv that holds the GPU set is kept on machines without a GPU (JAX runs on CPU).
+# RESEARCH_PYTHON=/path/to/python: use that interpreter as it is (no venv, no pip); each
+# command checks the imports it needs and names any missing package with its pip command.
+# RESEARCH_WHEELHOUSE=DIR: install .venv from the wheels in DIR only (no index, no internet).
 set -euo pipefail
 cd "$(dirname "$0")"
 
 PYTHON=${PYTHON:-python3}
-VENV=.venv
+VENV=${RESEARCH_VENV:-.venv}
+
+usage() {
+  sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
+  exit 1
+}
+
+lock_for() {  # $1: extras
+  [[ $1 == *cuda12* ]] && echo requirements/cuda12.lock || echo requirements/cpu.lock
+}
+
+stamp_for() {  # $1: extras; names what is installed: the project, its lock and the extras
+  echo "$VENV/.installed-$(cat pyproject.toml "$(lock_for "$1")" | sha256sum | cut -c1-16)-${1//,/-}"
+}
 
 setup_venv() {  # $1: the extras to install, e.g. "test" or "test,cuda12"
-  local extras=$1 lock=requirements/cpu.lock
-  [[ $extras == *cuda12* ]] && lock=requirements/cuda12.lock
-  local stamp="$VENV/.installed-$(cat pyproject.toml "$lock" | sha256sum | cut -c1-16)-${extras//,/-}"
-  [[ -f $stamp ]] && return
+  local extras=$1 lock
+  lock=$(lock_for "$extras")
+  [[ -f $(stamp_for "$extras") ]] && return
+  if [[ $extras != *cuda12* ]] && compgen -G "$VENV/.installed-*cuda12" >/dev/null; then
+    rm -rf "$VENV"  # from the GPU set to the CPU one: a fresh venv, no CUDA plugin left over
+  fi
+  local pip_args=()
+  if [[ -n ${RESEARCH_WHEELHOUSE:-} ]]; then
+    pip_args=(--no-index --find-links "$RESEARCH_WHEELHOUSE")
+  fi
   echo "setting up $VENV (extras: ${extras:-none}, versions: $lock); this happens once ..." >&2
   [[ -x $VENV/bin/python ]] || "$PYTHON" -m venv "$VENV"
-  if ! { "$VENV/bin/python" -m pip install --upgrade pip \
-      && "$VENV/bin/python" -m pip install -c "$lock" -e ".[${extras}]"; } >"$VENV/install.log" 2>&1; then
+  if ! { { [[ -n ${RESEARCH_WHEELHOUSE:-} ]] || "$VENV/bin/python" -m pip install --upgrade pip; } \
+      && "$VENV/bin/python" -m pip install "${pip_args[@]}" -c "$lock" -e ".[${extras}]"; } \
+      >"$VENV/install.log" 2>&1; then
     tail -n 20 "$VENV/install.log" >&2
-    echo "error: installing the project into $VENV failed; the full log is $VENV/install.log" >&2
+    echo "error: installing the project into $VENV failed; the full log is $VENV/install.log." \
+      "Without internet: prepare the venv where there is (./launch.sh setup --gpu for a GPU" \
+      "node), use RESEARCH_WHEELHOUSE=DIR (./launch.sh wheelhouse), or run on an installed" \
+      "Python with RESEARCH_PYTHON=/path/to/python" >&2
     exit 1
   fi
   rm -f "$VENV"/.installed-*
-  touch "$stamp"
+  touch "$(stamp_for "$extras")"
 }
 
-if [[ $# -lt 1 || $1 == -h || $1 == --help ]]; then
-  sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'
-  exit 1
-fi
+wanted_extras() {  # the GPU set where a GPU is seen or the venv holds it already, else the CPU set
+  if [[ -f $(stamp_for test,cuda12) ]] \
+      || { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }; then
+    echo test,cuda12
+  else
+    echo test
+  fi
+}
+
+[[ $# -lt 1 || $1 == -h || $1 == --help ]] && usage
 
 if [[ $1 == lock ]]; then
   # The newest versions pyproject.toml allows, resolved in a scratch venv; run the suite after.
@@ -60,28 +96,82 @@ print("\n".join(pins))' "$scratch/cuda12.json" >requirements/cuda12.lock
   exit 0
 fi
 
-if [[ $1 == test ]]; then
+if [[ $1 == setup ]]; then
+  case ${2:-} in
+    --gpu) extras=test,cuda12 ;;
+    --cpu) extras=test ;;
+    "") extras=$(wanted_extras) ;;
+    *) echo "error: setup takes --gpu or --cpu, not '$2'" >&2; exit 2 ;;
+  esac
+  setup_venv "$extras"
+  echo "$VENV holds the versions of $(lock_for "$extras") (extras: $extras)"
+  exit 0
+fi
+
+if [[ $1 == wheelhouse ]]; then
+  # Wheels of the locked versions for a machine without internet (another Python version or
+  # platform may be named); install there with pip's --no-index --find-links=DIR.
   shift
-  setup_venv test
-  export XLA_FLAGS="--xla_force_host_platform_device_count=8" JAX_PLATFORMS=cpu
-  "$VENV/bin/ruff" check .
-  "$VENV/bin/ruff" format --check .
-  # One pytest worker per core (pytest-xdist): most of a test's time is single-threaded compiling.
-  # worksteal: an idle worker takes queued tests from a busy one, so long tests do not end alone.
-  exec "$VENV/bin/python" -m pytest -n "${PYTEST_WORKERS:-auto}" --dist worksteal "$@"
+  lock=requirements/cpu.lock dest=wheelhouse pyver="" names=()
+  while [[ $# -gt 0 ]]; do
+    case $1 in
+      --gpu) lock=requirements/cuda12.lock ;;
+      --python-version) pyver=$2; shift ;;
+      --dest) dest=$2; shift ;;
+      -*) echo "error: wheelhouse does not take '$1'" >&2; exit 2 ;;
+      *) names+=("$1") ;;
+    esac
+    shift
+  done
+  target=()
+  if [[ -n $pyver ]]; then  # another interpreter: binary wheels for manylinux x86-64 only
+    target=(--only-binary=:all: --python-version "$pyver" --implementation cp)
+    for tag in manylinux_2_28 manylinux_2_27 manylinux_2_17 manylinux2014 manylinux1; do
+      target+=(--platform "${tag}_x86_64")
+    done
+  fi
+  if [[ ${#names[@]} -eq 0 ]]; then  # everything the lock holds, and what builds the project
+    "$PYTHON" -m pip download "${target[@]}" -d "$dest" -r "$lock" "setuptools>=68" wheel
+  else  # only these, at their locked versions, without their dependencies
+    pins=()
+    for name in "${names[@]}"; do  # pip's names: case, -, _ and . do not matter
+      pin=$(grep -i -E "^${name//[-_.]/[-_.]}==" "$lock" || true)
+      if [[ -z $pin ]]; then
+        echo "error: $name is not in $lock; name a package the project installs" >&2
+        exit 2
+      fi
+      pins+=("$pin")
+    done
+    "$PYTHON" -m pip download "${target[@]}" --no-deps -d "$dest" "${pins[@]}"
+  fi
+  echo "wrote $dest/; install offline with: python -m pip install --no-index --find-links=$dest NAME ..."
+  exit 0
 fi
 
-extras=test
-if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  extras=test,cuda12
-fi
-setup_venv "$extras"
-
-if [[ $1 == bench ]]; then
-  shift
-  exec "$VENV/bin/python" -m research.benchmark "$@"
+if [[ -n ${RESEARCH_PYTHON:-} ]]; then
+  py=$RESEARCH_PYTHON  # as it is: research.environment names what it lacks
+  command -v "$py" >/dev/null 2>&1 || { echo "error: RESEARCH_PYTHON=$py is not a program" >&2; exit 2; }
+else
+  setup_venv "$(wanted_extras)"
+  py=$VENV/bin/python
 fi
 
-config=$1
-shift
-exec "$VENV/bin/python" -m research.main --config="$config" "$@"
+case $1 in
+  test)
+    shift
+    export XLA_FLAGS="--xla_force_host_platform_device_count=8" JAX_PLATFORMS=cpu
+    "$py" -m research.environment  # pytest, ruff and the core packages, or an error: line
+    "$py" -m ruff check .
+    "$py" -m ruff format --check .
+    # One pytest worker per core (pytest-xdist): most of a test's time is single-threaded
+    # compiling. worksteal: an idle worker takes queued tests from a busy one.
+    exec "$py" -m pytest -n "${PYTEST_WORKERS:-auto}" --dist worksteal "$@"
+    ;;
+  bench) shift; exec "$py" -m research.benchmark "$@" ;;
+  report) shift; exec "$py" -m research.report "$@" ;;
+  *)
+    config=$1
+    shift
+    exec "$py" -m research.main --config="$config" "$@"
+    ;;
+esac

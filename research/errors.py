@@ -1,4 +1,8 @@
-"""The one exception type for mistakes a user can fix; main prints it as `error: ...`."""
+"""The one exception type for mistakes a user can fix (main prints it as `error: ...`), and the
+exit codes of the commands."""
+
+EXIT_USER_ERROR = 2  # bad input: one `error:` line, nothing written
+EXIT_INTERRUPTED = 130  # the shell's code for a run stopped by Ctrl-C (128 + SIGINT)
 
 
 class UserError(Exception):

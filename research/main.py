@@ -14,10 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from research import configuration, host_memory
-from research import workdir as workdir_lib
-from research.errors import UserError
-from research.preemption import EXIT_INTERRUPTED, Preempted
+from research import environment, host_memory
+from research.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, UserError
 
 
 def _env_int(name: str) -> int | None:
@@ -85,6 +83,10 @@ def default_workdir(spec: str) -> Path:
 
 def run(argv: list[str]) -> int:
   """Runs what the command line asks for; returns the exit code (0, or 130 after a Ctrl-C)."""
+  from research import configuration  # imports the packages environment.CORE checked
+  from research import workdir as workdir_lib
+  from research.preemption import Preempted
+
   args, overrides = parse_args(argv)
   config = configuration.load(args.config)
   for field, value in overrides:
@@ -100,6 +102,7 @@ def run(argv: list[str]) -> int:
   if config.experiment == "train" and config.scaling_report:
     from research import scaling, validate
 
+    environment.check(environment.PLOTS)
     validate.train_config(config, jax.local_device_count())  # every device count, up front
     workdir_lib.prepare(workdir, config)
     scaling.run(config, args.config, overrides, workdir)
@@ -121,6 +124,7 @@ def run(argv: list[str]) -> int:
     raise UserError(
       f"experiment={config.experiment!r} is unknown; use 'train' or one of {experiments}"
     )
+  environment.check(environment.PLOTS)
   experiment = importlib.import_module(f"research.experiments.{config.experiment}")
   experiment.check_config(config, jax.local_device_count())  # before anything is written
   workdir_lib.prepare(workdir, config)
@@ -131,10 +135,11 @@ def run(argv: list[str]) -> int:
 def main() -> int:
   host_memory.keep_freed_memory()  # before JAX starts its threads
   try:
+    environment.check(environment.CORE)  # before the first import of any of them
     return run(sys.argv[1:])
   except UserError as e:
     print(f"error: {e}", file=sys.stderr)
-    return 2
+    return EXIT_USER_ERROR
   except KeyboardInterrupt:  # Ctrl-C before training started: nothing to save
     print("\ninterrupted", file=sys.stderr)
     return EXIT_INTERRUPTED

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-EXIT_INTERRUPTED = 130  # the shell's code for a run stopped by Ctrl-C (128 + SIGINT)
+from research.errors import EXIT_INTERRUPTED
 
 
 class Preemption:

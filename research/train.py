@@ -24,7 +24,7 @@ import tqdm
 from jax.experimental import multihost_utils
 
 from research import augment as augment_lib
-from research import checkpoint, models, optim, validate
+from research import checkpoint, environment, models, optim, validate
 from research import inputs as inputs_lib
 from research import metrics as metrics_lib
 from research import workdir as workdir_lib
@@ -138,6 +138,7 @@ def _make_inputs(config, **kwargs) -> Inputs:
           "central_crop) for streamed data: the host pads images to squares and the op reads "
           "only each image's valid part"
         )
+    environment.check(environment.STREAMED)
     from research.data import streaming  # grain (and tfds): only streamed datasets need them
 
     return streaming.inputs(config, scanned=scanned, **kwargs)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from research import environment
 from research.data import CACHE, ImageDataset
 from research.errors import UserError
 
@@ -113,6 +114,7 @@ def _from_tfds(data_dir: Path) -> ImageDataset:
       f"re-prepare it with `tfds build cifar10 --data_dir={data_dir} "
       f"--file_format=array_record`, or pass --config.data_dir=PATH to {ARCHIVE}"
     )
+  environment.check(environment.TFDS)
   import tensorflow_datasets as tfds  # slow import; only this source needs it
 
   def split(name):

@@ -23,7 +23,7 @@ import numpy as np
 from absl import flags
 from PIL import Image
 
-from research import steps
+from research import environment, steps
 from research.data import fingerprint, folder
 from research.errors import UserError
 from research.inputs import Inputs, check_shard
@@ -36,6 +36,7 @@ DEVICE_KEYS = ("image", "size", "label", "mask")  # what a batch sends to the de
 
 def open_source(name: str, split: str, data_dir: str):
   """The tfds array_record source; a clear error if it is not prepared."""
+  environment.check(environment.TFDS)
   import tensorflow_datasets as tfds  # slow import: only tfds datasets need it
 
   try:

@@ -1,0 +1,117 @@
+"""launch.sh on machines it does not set up itself: an installed Python (RESEARCH_PYTHON), a
+venv prepared on a login node for a GPU node, and the imports each kind of run needs."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parent.parent
+SMOKE = "configs/cifar_vgg.py:smoke"
+
+
+def _hide(tmp_path, *modules) -> str:
+  """A PYTHONPATH entry under which importing each of `modules` fails as if not installed."""
+  shims = tmp_path / "hidden"
+  for module in modules:
+    (shims / module).mkdir(parents=True)
+    (shims / module / "__init__.py").write_text(
+      f'raise ModuleNotFoundError("No module named {module!r}", name={module!r})\n'
+    )
+  return str(shims)
+
+
+def _launch(args, tmp_path, hidden=(), **env):
+  environ = {**os.environ, "RESEARCH_PYTHON": sys.executable, **env}
+  if hidden:
+    environ["PYTHONPATH"] = _hide(tmp_path, *hidden)
+  return subprocess.run(
+    [str(ROOT / "launch.sh"), *args], capture_output=True, text=True, env=environ, timeout=300
+  )
+
+
+def test_a_missing_package_is_one_error_line_with_the_command_that_installs_it(tmp_path):
+  result = _launch([SMOKE, f"--workdir={tmp_path / 'run'}"], tmp_path, hidden=["ml_collections"])
+  assert result.returncode == 2
+  assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: "), result.stderr
+  assert f"{sys.executable} -m pip install 'ml-collections==" in result.stderr
+  assert not (tmp_path / "run").exists()
+
+
+def test_a_resident_run_needs_neither_grain_nor_tensorflow_datasets_and_a_streamed_one_says_so(
+  tmp_path,
+):
+  hidden = ["grain", "tensorflow_datasets", "array_record"]
+  run = [SMOKE, f"--workdir={tmp_path / 'run'}", "--config.num_train_steps=2"]
+  result = _launch(run, tmp_path, hidden=hidden)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert "eval at step 2" in result.stdout
+
+  streamed = [
+    SMOKE,
+    f"--workdir={tmp_path / 'streamed'}",
+    "--config.dataset=folder",
+    f"--config.data_dir={ROOT / 'tests' / 'data' / 'cifar10_slice'}",
+    "--config.data_placement=streamed",
+    "--config.augment=inception_crop(32)",
+    "--config.eval_preprocess=central_crop(32)",
+  ]
+  result = _launch(streamed, tmp_path / "again", hidden=hidden)
+  assert result.returncode == 2 and "lacks grain; install with" in result.stderr, result.stderr
+
+
+FAKE_PYTHON = """#!/usr/bin/env bash
+# Records how it was called; "-m venv DIR" makes DIR/bin/python a copy of this script.
+echo "$*" >>"$FAKE_LOG"
+if [[ $1 == -m && $2 == venv ]]; then mkdir -p "$3/bin" && cp "$0" "$3/bin/python"; fi
+"""
+
+
+@pytest.fixture
+def machine(tmp_path):
+  """Runs launch.sh with a stand-in Python that records its calls, with or without a GPU."""
+  fake = tmp_path / "bin"
+  fake.mkdir()
+  (fake / "python").write_text(FAKE_PYTHON)
+  (fake / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 80GB HBM3'\n")
+  for program in fake.iterdir():
+    program.chmod(0o755)
+  gpu_path = tmp_path / "gpu-bin"
+  gpu_path.mkdir()
+  (gpu_path / "nvidia-smi").symlink_to(fake / "nvidia-smi")
+  log = tmp_path / "calls.log"
+
+  def launch(*args, gpu: bool) -> list[str]:
+    log.write_text("")
+    path = f"{gpu_path}:{os.environ['PATH']}" if gpu else os.environ["PATH"]
+    env = {
+      **{k: v for k, v in os.environ.items() if k != "RESEARCH_PYTHON"},
+      "PATH": path,
+      "PYTHON": str(fake / "python"),
+      "RESEARCH_VENV": str(tmp_path / "venv"),
+      "FAKE_LOG": str(log),
+    }
+    result = subprocess.run(
+      [str(ROOT / "launch.sh"), *args], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    return log.read_text().splitlines()
+
+  return launch
+
+
+def test_a_gpu_venv_made_on_a_login_node_runs_on_the_gpu_node_without_pip(machine):
+  calls = machine("setup", "--gpu", gpu=False)  # the login node: internet, no GPU
+  assert any("install -c requirements/cuda12.lock -e .[test,cuda12]" in c for c in calls), calls
+  for gpu in (True, False):  # the GPU node (no internet), and the login node again
+    calls = machine(SMOKE, gpu=gpu)
+    assert calls == [f"-m research.main --config={SMOKE}"], calls
+
+
+def test_a_cpu_venv_on_a_gpu_node_is_upgraded_to_the_gpu_set(machine):
+  assert any("cpu.lock" in c for c in machine(SMOKE, gpu=False))
+  calls = machine(SMOKE, gpu=True)
+  assert any("install -c requirements/cuda12.lock -e .[test,cuda12]" in c for c in calls), calls
+  assert calls[-1] == f"-m research.main --config={SMOKE}"
