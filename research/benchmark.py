@@ -39,7 +39,6 @@ from PIL import Image
 from research import augment as augment_lib
 from research import configuration, host_memory
 from research.data import folder
-from research.data.streaming import prefetch_to_devices
 from research.models import _layers
 from research.placement import replicate
 from research.steps import AXIS, streamed_train_step
@@ -62,7 +61,7 @@ def _config(path: str, small: bool, **overrides):
   return config
 
 
-def _time_steps(p_step, rstate, batches, steps: int, warmup: int = 3) -> float:
+def time_steps(p_step, rstate, batches, steps: int, warmup: int = 3) -> float:
   """Seconds of `steps` back-to-back steps after `warmup` steps; blocks once at the end."""
   for _ in range(warmup):
     rstate, metrics = p_step(rstate, next(batches))
@@ -83,7 +82,7 @@ def _bare(config):
 def bare_step(config, steps: int) -> float:
   """Examples/s of the pmapped step alone on device-resident data: no logging, no fetches."""
   run, p_step = _bare(config)
-  seconds = _time_steps(p_step, replicate(run.state), run.inputs.batches(0), steps)
+  seconds = time_steps(p_step, replicate(run.state), run.inputs.batches(0), steps)
   return steps * config.batch_size / seconds
 
 
@@ -110,7 +109,7 @@ def _steady_examples_per_sec(config, seconds: float = 10.0) -> tuple[float, int]
     rstate, metrics = p_step(rstate, next(batches))
     jax.block_until_ready(metrics)
   steps = max(2, min(20, round(seconds / (time.perf_counter() - start))))
-  timed = _time_steps(p_step, rstate, batches, steps, warmup=0)
+  timed = time_steps(p_step, rstate, batches, steps, warmup=0)
   return steps * config.batch_size / timed, run.micro_batch
 
 
@@ -163,6 +162,8 @@ def _split_policy(spec: str):
 
 def host_augmented(config, steps: int, workers: int) -> float:
   """Examples/s when worker processes augment every batch on the host, as in the write-up."""
+  from research.data.streaming import prefetch_to_devices  # grain: only this benchmark needs it
+
   (pad, mode), on_device = _split_policy(config.augment)
   device_config = config.copy_and_resolve_references()
   device_config.augment = on_device
@@ -192,7 +193,7 @@ def host_augmented(config, steps: int, workers: int) -> float:
     augmented = pool.imap(_host_augment, jobs(), chunksize=1)
     batches = ({"image": x, "label": labels[:b]} for x in augmented)
     on_devices = prefetch_to_devices(batches, 2)
-    seconds = _time_steps(step, replicate(run.state), on_devices, steps)
+    seconds = time_steps(step, replicate(run.state), on_devices, steps)
   return steps * b / seconds
 
 
@@ -207,12 +208,12 @@ def conv2d_vs_scipy(repeats: int = 5) -> float:
   return scipy_s / parts["compute_s"]
 
 
-def imagenet_sized_jpegs(directory: Path, count: int) -> list[Path]:
+def imagenet_sized_jpegs(directory: Path, count: int, first_seed: int = 0) -> list[Path]:
   """`count` photo-like 500×375 JPEGs at quality 90 (ImageNet's typical size; ~75 kB each)."""
   directory.mkdir(parents=True, exist_ok=True)
   paths = []
   for i in range(count):
-    rng = np.random.default_rng(i)
+    rng = np.random.default_rng(first_seed + i)
     coarse = Image.fromarray(rng.integers(0, 256, (24, 32, 3), np.uint8))
     smooth = np.asarray(coarse.resize((500, 375), Image.BICUBIC), np.float32)
     texture = np.clip(smooth + rng.normal(0, 10, smooth.shape), 0, 255).astype(np.uint8)

@@ -271,6 +271,7 @@ def train_and_evaluate(
       "eval_loss": float(totals["loss_sum"] / totals["count"]),
       "eval_accuracy": float(totals["correct"] / totals["count"]),
       "eval_examples": int(totals["count"]),
+      "elapsed_sec": time.perf_counter() - loop_start,  # this launch's wall clock, as train's
     }
     log.eval(record)
     return record

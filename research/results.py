@@ -1,0 +1,220 @@
+"""Measurement records in results/ and the tables and plot rendered from them.
+
+`./launch.sh report` writes one JSON record per measurement to
+`results/<machine>/<part>-<name>.json`: the device, the versions, the config and the exact
+command, the date, and the numbers. The README's results table, BENCHMARKS.md's report tables
+and `docs/accuracy_vs_time.png` are rendered from these records (`./launch.sh report
+--render`), between marker lines, so no number in them is typed by hand; tests/test_results.py
+fails when a table and the committed records disagree.
+"""
+
+import json
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).parent.parent
+RESULTS = ROOT / "results"
+PLOT = ROOT / "docs" / "accuracy_vs_time.png"
+NOT_MEASURED = "not measured yet"
+
+
+def load(results: Path = RESULTS) -> list[dict]:
+  """Every record under `results`, sorted by part, name and machine."""
+  records = [json.loads(p.read_text()) for p in sorted(Path(results).glob("*/*.json"))]
+  return sorted(records, key=lambda r: (r["part"], r["name"], r["machine"]))
+
+
+def write(record: dict, results: Path = RESULTS) -> Path:
+  path = Path(results) / record["machine"] / f"{record['part']}-{record['name']}.json"
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps(record, indent=2) + "\n")
+  return path
+
+
+def machine_slug(device_kind: str, count: int, cpu_model: str, cores: int, platform: str) -> str:
+  """`1x-nvidia-h100-80gb-hbm3`, or for CPU devices the host's processor and core count."""
+  what = f"{cpu_model}-{cores}-cores" if platform == "cpu" else f"{count}x-{device_kind}"
+  return re.sub(r"[^a-z0-9]+", "-", what.lower()).strip("-")
+
+
+def hardware(record: dict) -> str:
+  """`1× NVIDIA H100 80GB HBM3` or `2-core AMD EPYC (1 CPU device)`."""
+  d = record["device"]
+  if d["platform"] == "cpu":
+    return f"{d['host_cores']}-core {d['cpu_model']} ({d['count']} CPU device)"
+  return f"{d['count']}× {d['kind']}"
+
+
+def launch_curve(metrics: list[dict]) -> tuple[list, float]:
+  """([(seconds, step, eval accuracy)], total seconds) over all launches of one workdir.
+
+  `elapsed_sec` restarts at each launch (a resume); a launch's time runs from its first step
+  to its last record, so compile and data loading are not in it.
+  """
+  curve, offset, previous = [], 0.0, 0.0
+  for r in metrics:
+    if "elapsed_sec" not in r:
+      continue
+    if r["elapsed_sec"] < previous:  # a new launch: the one before ended at `previous`
+      offset += previous
+    previous = r["elapsed_sec"]
+    if "eval_accuracy" in r:
+      curve.append((offset + previous, r["step"], r["eval_accuracy"]))
+  return curve, offset + previous
+
+
+def _duration(seconds: float) -> str:
+  """`42 s`, `12 min 05 s`, `3 h 07 min`."""
+  minutes, sec = divmod(round(seconds), 60)
+  hours, minutes = divmod(minutes, 60)
+  if hours:
+    return f"{hours} h {minutes:02d} min"
+  return f"{minutes} min {sec:02d} s" if minutes else f"{sec} s"
+
+
+def _row(cells) -> str:
+  return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def _table(header: list[str], rows: list[list]) -> str:
+  lines = [_row(header), _row(["---"] * len(header)), *map(_row, rows)]
+  return "\n".join(lines)
+
+
+def main_table(records: list[dict], expected: list[dict]) -> str:
+  """The README's table: one row per trained recipe and machine, and a 'not measured yet' row
+  for each planned measurement (`expected`: {"name", "label", "hardware", "command"}) that has
+  no record on hardware of its kind."""
+  header = ["config", "data", "test accuracy", "wall time", "examples/s", "hardware, date"]
+  header.append("command")
+  rows = []
+  main = [r for r in records if r["part"] == "main"]
+  for r in main:
+    n = r["numbers"]
+    rows.append(
+      [
+        r["label"],
+        r["dataset"],
+        f"{n['test_accuracy']:.2%}".replace("%", " %"),
+        _duration(n["wall_time_sec"]),
+        f"{n['examples_per_sec']:,.0f}",
+        f"{hardware(r)}, {r['date']}",
+        f"`{r['command']}`",
+      ]
+    )
+  for e in expected:
+    if not any(r["name"] == e["name"] and r["device"]["platform"] == e["platform"] for r in main):
+      rows.append(
+        [e["label"], e["dataset"], NOT_MEASURED, "", "", e["hardware"], f"`{e['command']}`"]
+      )
+  return _table(header, rows)
+
+
+def throughput_table(records: list[dict]) -> str:
+  rows = []
+  for r in (r for r in records if r["part"] == "throughput"):
+    n = r["numbers"]
+    mfu = f"{n['mfu']:.1%}" if n.get("mfu") is not None else "n/a"
+    rows.append(
+      [
+        r["label"],
+        r["dtype"],
+        n["batch_size"],
+        f"{n['examples_per_sec']:,.1f}",
+        f"{n['flops_per_step'] / 1e9:,.1f}",
+        mfu,
+        f"{n['peak_tflops']:.4g} ({n['peak_source']})",
+        f"{hardware(r)}, {r['date']}",
+      ]
+    )
+  header = ["config", "dtype", "global batch", "examples/s", "GFLOP/step", "MFU"]
+  header += ["peak TFLOP/s (source)", "hardware, date"]
+  return _table(header, rows)
+
+
+def peer_table(records: list[dict]) -> str:
+  rows = []
+  for r in (r for r in records if r["part"] == "peer"):
+    n = r["numbers"]
+    rows.append(
+      [
+        r["label"],
+        r["dtype"],
+        n["batch_size"],
+        f"{n['examples_per_sec']:,.1f}",
+        f"{n['peer_examples_per_sec']:,.1f}",
+        f"{n['ratio']:.2f}",
+        f"PyTorch {r['versions'].get('torch', '?')}, {hardware(r)}, {r['date']}",
+      ]
+    )
+  header = ["network", "dtype", "global batch", "ours ex/s", "PyTorch ex/s", "ours ÷ PyTorch"]
+  return _table([*header, "versions, hardware, date"], rows)
+
+
+def streamed_table(records: list[dict]) -> str:
+  rows = []
+  for r in (r for r in records if r["part"] == "streamed"):
+    n = r["numbers"]
+    rows.append(
+      [
+        r["label"],
+        n["data_workers"],
+        n["batch_size"],
+        f"{n['examples_per_sec']:,.1f}",
+        f"{n['input_wait_fraction']:.1%}",
+        f"{n['decode_images_per_sec_per_worker']:,.0f}",
+        f"{hardware(r)}, {r['date']}",
+      ]
+    )
+  header = ["config", "decode workers", "global batch", "examples/s", "input wait"]
+  return _table([*header, "decodes/s per worker", "hardware, date"], rows)
+
+
+def plot(records: list[dict], path: Path = PLOT) -> None:
+  """Test accuracy against wall time for each measured run (its eval curve)."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, ax = plt.subplots(figsize=(7, 4))
+  runs = [r for r in records if r["part"] == "main"]
+  for r in runs:
+    minutes = [t / 60 for t, _, _ in r["curve"]]
+    label = f"{r['label']}, {r['dtype']}, {hardware(r)}"
+    ax.plot(minutes, [a for _, _, a in r["curve"]], "o-", ms=3, label=label)
+  ax.set(xlabel="wall time (minutes)", ylabel="test accuracy", title="Accuracy against time")
+  if runs:
+    ax.set_xscale("log")  # GPU runs take minutes, CPU runs hours
+    ax.legend(fontsize=7, loc="lower right")
+  else:
+    ax.text(0.5, 0.5, "no run measured yet", ha="center", transform=ax.transAxes)
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(path, dpi=120, metadata={"Software": None})
+  plt.close(fig)
+
+
+def replace_between(text: str, name: str, content: str) -> str:
+  """`text` with the lines between `<!-- NAME -->` and `<!-- /NAME -->` set to `content`."""
+  start, end = f"<!-- {name} -->", f"<!-- /{name} -->"
+  if start not in text or end not in text:
+    raise ValueError(f"markers {start} ... {end} not found")
+  head, rest = text.split(start, 1)
+  _, tail = rest.split(end, 1)
+  return f"{head}{start}\n{content}\n{end}{tail}"
+
+
+def rendered(records: list[dict], expected: list[dict]) -> dict[Path, str]:
+  """{file: its text with the tables rendered from `records`}: README.md and BENCHMARKS.md."""
+  readme = (ROOT / "README.md").read_text()
+  readme = replace_between(readme, "results", main_table(records, expected))
+  bench = (ROOT / "BENCHMARKS.md").read_text()
+  for name, table in (
+    ("throughput", throughput_table),
+    ("peer", peer_table),
+    ("streamed", streamed_table),
+  ):
+    bench = replace_between(bench, name, table(records))
+  return {ROOT / "README.md": readme, ROOT / "BENCHMARKS.md": bench}

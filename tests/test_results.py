@@ -1,0 +1,72 @@
+"""The report measures on a CPU host too, and every table of results is its records rendered."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from research import report, results
+
+ROOT = Path(__file__).parent.parent
+
+
+def test_the_readme_and_benchmarks_tables_are_the_committed_records_rendered():
+  rendered = results.rendered(results.load(), report.expected_rows())
+  for path, text in rendered.items():
+    assert path.read_text() == text, (
+      f"{path.name} differs from results/; ./launch.sh report --render"
+    )
+
+
+def _report(tmp_path, *args):
+  command = [sys.executable, "-m", "research.report", "--scale=tiny", *args]
+  command += [f"--results={tmp_path / 'results'}", f"--workdir={tmp_path / 'runs'}"]
+  return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600)
+
+
+def test_the_report_writes_records_resumes_a_stopped_run_and_its_table_renders(tmp_path):
+  data = f"--data={ROOT / 'tests' / 'data' / 'cifar10_slice'}"
+  stopped = _report(tmp_path, "--only=main", data, "--budget=0.1")
+  assert "stopped at the budget; run the report again" in stopped.stdout, stopped.stdout
+  assert not (tmp_path / "results").exists()
+  done = _report(tmp_path, "--only=main", data)
+  assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+  assert "main       vgg_smoke                  to measure" in done.stdout
+  (record_path,) = (tmp_path / "results").glob("*/main-vgg_smoke.json")
+  record = json.loads(record_path.read_text())
+  assert record["numbers"]["eval_examples"] == 80 and record["numbers"]["steps"] == 6
+  assert [step for _, step, _ in record["curve"]] == [2, 4, 6]
+  assert record["device"]["count"] == 8 and record["versions"]["jax"]
+  assert record["command"].startswith("./launch.sh configs/cifar_vgg.py:smoke ")
+  table = results.main_table(results.load(tmp_path / "results"), report.expected_rows())
+  accuracy = f"{record['numbers']['test_accuracy']:.2%}".replace("%", " %")
+  assert f"| VGG :smoke | cifar10_slice (160 train, 80 test) | {accuracy} |" in table
+  assert "| VGG-16 (200 epochs) | CIFAR-10 (JPEG folder) | not measured yet |" in table
+
+  again = _report(tmp_path, "--only=main", data)
+  assert "recorded (--again redoes it)" in again.stdout and "wrote" not in again.stdout
+
+
+def test_the_throughput_part_records_speed_flops_and_the_largest_batch_tried(tmp_path):
+  result = _report(tmp_path, "--only=throughput:vgg_smoke-bfloat16")
+  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+  records = {r["name"]: r for r in results.load(tmp_path / "results")}
+  default, largest = records["vgg_smoke-bfloat16"], records["vgg_smoke-bfloat16-largest"]
+  assert (default["numbers"]["batch_size"], largest["numbers"]["batch_size"]) == (64, 128)
+  for record in (default, largest):
+    numbers = record["numbers"]
+    assert numbers["examples_per_sec"] > 0 and numbers["flops_per_step"] > 0
+    assert 0 < numbers["mfu"] < 1 and numbers["peak_source"].startswith("measured")
+  assert largest["numbers"]["flops_per_step"] > 1.9 * default["numbers"]["flops_per_step"]
+
+
+def test_peer_measurements_are_skipped_where_torch_does_not_import(tmp_path):
+  hidden = tmp_path / "hidden" / "torch"
+  hidden.mkdir(parents=True)
+  (hidden / "__init__.py").write_text('raise ModuleNotFoundError("torch", name="torch")\n')
+  env = {**os.environ, "PYTHONPATH": str(hidden.parent)}
+  command = [sys.executable, "-m", "research.report", "--scale=tiny", "--only=peer"]
+  command += [f"--results={tmp_path / 'results'}", f"--workdir={tmp_path / 'runs'}"]
+  result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+  assert result.returncode == 0 and "peer: skipped, torch does not import here" in result.stdout
