@@ -93,7 +93,7 @@ def main_table(records: list[dict], expected: list[dict]) -> str:
     n = r["numbers"]
     rows.append(
       [
-        r["label"],
+        f"{r['label']}, {r['dtype']}",
         r["dataset"],
         f"{n['test_accuracy']:.2%}".replace("%", " %"),
         _duration(n["wall_time_sec"]),
@@ -104,9 +104,8 @@ def main_table(records: list[dict], expected: list[dict]) -> str:
     )
   for e in expected:
     if not any(r["name"] == e["name"] and r["device"]["platform"] == e["platform"] for r in main):
-      rows.append(
-        [e["label"], e["dataset"], NOT_MEASURED, "", "", e["hardware"], f"`{e['command']}`"]
-      )
+      label = f"{e['label']}, {e['dtype']}"
+      rows.append([label, e["dataset"], NOT_MEASURED, "", "", e["hardware"], f"`{e['command']}`"])
   return _table(header, rows)
 
 
@@ -173,6 +172,7 @@ def streamed_table(records: list[dict]) -> str:
 def plot(records: list[dict], path: Path = PLOT) -> None:
   """Test accuracy against wall time for each measured run (its eval curve)."""
   import matplotlib
+  import matplotlib.ticker
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -186,6 +186,10 @@ def plot(records: list[dict], path: Path = PLOT) -> None:
   ax.set(xlabel="wall time (minutes)", ylabel="test accuracy", title="Accuracy against time")
   if runs:
     ax.set_xscale("log")  # GPU runs take minutes, CPU runs hours
+    plain = matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:g}")
+    ax.xaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_formatter(plain)
+    ax.tick_params(axis="x", which="minor", labelsize=7)
     ax.legend(fontsize=7, loc="lower right")
   else:
     ax.text(0.5, 0.5, "no run measured yet", ha="center", transform=ax.transAxes)

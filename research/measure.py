@@ -1,0 +1,372 @@
+"""The measurements `./launch.sh report` makes (research/report.py), each into one record.
+
+A record says what was measured (part, name, config, the exact command), where and with
+what (the device, the host, the package versions), when, and the numbers.
+"""
+
+import dataclasses
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from research import results
+from research.errors import UserError
+
+# Dense TFLOP/s per GPU from the vendors' datasheets (SXM parts). JAX runs float32 products on
+# these GPUs' TF32 tensor cores by default, so TF32 is float32's peak.
+GPU_PEAK_TFLOPS = {
+  "H100 PCIe": {"bfloat16": 756.0, "float32": 378.0},
+  "H100": {"bfloat16": 989.4, "float32": 494.7},
+  "H200": {"bfloat16": 989.4, "float32": 494.7},
+  "A100": {"bfloat16": 312.0, "float32": 156.0},
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+  part: str
+  name: str  # unique within its part: the record's file name
+  label: str  # what the tables call it
+  config: str  # configs/NAME.py[:variant]
+  overrides: tuple = ()  # ("field", value) pairs, as --config.field=value
+  steps: int = 0  # timed steps (throughput, peer) or steps to train (streamed)
+  search_batch: bool = False  # throughput: also the largest global batch that fits ...
+  search_up_to: int = 16  # ... trying up to this many times the config's batch
+  peer: str = ""  # peer: the PyTorch network (research/peer_torch.py)
+  image_size: int = 32  # peer: input pixels per side
+
+  def config_dict(self):
+    from research import configuration
+
+    config = configuration.load(self.config)
+    for field, value in self.overrides:
+      *parents, leaf = field.split(".")
+      node = config
+      for name in parents:
+        node = node[name]
+      node[leaf] = value
+    return config
+
+  @property
+  def dtype(self) -> str:
+    return dict(self.overrides).get("model.dtype", "float32")
+
+
+# --- what every record says about where and with what it was measured ---------------------
+
+
+def _cpu_model() -> str:
+  try:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+      if line.startswith("model name"):
+        return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or "CPU"
+
+
+def _versions(extra=()) -> dict:
+  names = ["jax", "jaxlib", "flax", "optax", "numpy", "orbax-checkpoint", *extra]
+  found = {"python": platform.python_version()}
+  for dist in importlib.metadata.distributions():
+    name = dist.metadata["Name"].lower()
+    if name in names or name.startswith(("jax-cuda", "nvidia-cudnn")):
+      found[name] = dist.version
+  return dict(sorted(found.items()))
+
+
+def device_info() -> dict:
+  import jax
+
+  return {
+    "kind": jax.devices()[0].device_kind,
+    "count": jax.device_count(),
+    "platform": jax.default_backend(),
+    "cpu_model": _cpu_model(),
+    "host_cores": os.cpu_count(),
+  }
+
+
+def machine_of(device: dict) -> str:
+  d = device
+  return results.machine_slug(d["kind"], d["count"], d["cpu_model"], d["host_cores"], d["platform"])
+
+
+def _record(m: Measurement, device: dict, command: str, numbers: dict, **extra) -> dict:
+  return {
+    "part": m.part,
+    "name": m.name,
+    "label": m.label,
+    "dtype": m.dtype,
+    "config": m.config,
+    "overrides": dict(m.overrides),
+    "command": command,
+    "date": datetime.date.today().isoformat(),
+    "machine": machine_of(device),
+    "device": device,
+    "versions": _versions(extra.pop("versions_extra", ())),
+    "numbers": numbers,
+    **extra,
+  }
+
+
+def train_command(m: Measurement, extra: dict) -> list[str]:
+  """`./launch.sh CONFIG --config.FIELD=VALUE ...` for `m`, with `extra` fields set too."""
+  fields = {**dict(m.overrides), **extra}
+  return [m.config, *(f"--config.{k}={v}" for k, v in fields.items())]
+
+
+# --- the measurements ------------------------------------------------------------------------
+
+
+def _is_oom(e: Exception) -> bool:
+  return "RESOURCE_EXHAUSTED" in str(e) or "out of memory" in str(e).lower()
+
+
+_MEASURED_PEAKS: dict = {}
+
+
+def _matmul_ceiling(dtype: str) -> float:
+  """TFLOP/s of this host's best 2048² matrix product in `dtype` (best of 5 after a warm-up)."""
+  if dtype not in _MEASURED_PEAKS:
+    import jax
+    import jax.numpy as jnp
+
+    x = jax.random.normal(jax.random.key(0), (2048, 2048), jnp.dtype(dtype))
+    matmul = jax.jit(lambda a: a @ a)
+    matmul(x).block_until_ready()
+    best = float("inf")
+    for _ in range(5):
+      start = time.perf_counter()
+      matmul(x).block_until_ready()
+      best = min(best, time.perf_counter() - start)
+    _MEASURED_PEAKS[dtype] = 2 * 2048**3 / best / 1e12
+  return _MEASURED_PEAKS[dtype]
+
+
+def peak_tflops(device: dict, dtype: str) -> tuple[float, str]:
+  """The device's peak TFLOP/s for `dtype` (all its devices together) and where it comes from."""
+  if device["platform"] == "gpu":
+    for name, peaks in GPU_PEAK_TFLOPS.items():  # the most specific name first
+      if name in device["kind"]:
+        what = "TF32 tensor cores" if dtype == "float32" else "tensor cores"
+        return peaks[dtype] * device["count"], f"datasheet, dense, {what}"
+    return 0.0, f"no datasheet peak known for {device['kind']}"
+  return _matmul_ceiling(dtype), f"measured: 2048² {dtype} matrix product on this host"
+
+
+def step_speed(config, steps: int) -> dict:
+  """Examples/s of the config's pmapped train step on device-resident data, and its FLOPs."""
+  import jax
+
+  from research import benchmark, train
+  from research.placement import replicate
+  from research.steps import AXIS
+
+  config.update(
+    dataset="synthetic",
+    synthetic_train_size=2 * config.batch_size,
+    synthetic_test_size=config.eval_batch_size,
+    checkpoint_every_steps=0,
+    eval_every_steps=0,
+  )
+  run = train.setup(config)
+  batches = run.inputs.batches(0)
+  first = next(batches)
+  rstate = replicate(run.state)
+  p_step = jax.pmap(run.inputs.train_step, axis_name=AXIS, donate_argnums=(0,))
+  compiled = p_step.lower(rstate, first).compile()
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, list) else cost
+  # Five warm-up steps: on CPU the first few grow the host heap (research/host_memory.py).
+  seconds = benchmark.time_steps(compiled, rstate, batches, steps, warmup=5)
+  return {
+    "batch_size": config.batch_size,
+    "examples_per_sec": steps * config.batch_size / seconds,
+    "flops_per_step": float(cost.get("flops", 0.0)) * jax.local_device_count(),  # per device
+    "micro_batch": run.micro_batch,
+  }
+
+
+def throughput(m: Measurement, device: dict) -> list[dict]:
+  """Records at the config's global batch and, with `search_batch`, the largest that fits
+  (doubling until the device runs out of memory, at most `search_up_to` × the default)."""
+  import jax
+
+  default = m.config_dict().batch_size
+  found, batch = [], default
+  while True:
+    config = m.config_dict()
+    config.batch_size = batch
+    try:
+      found.append(step_speed(config, m.steps))
+    except Exception as e:
+      if not (_is_oom(e) and found):
+        raise
+      print(f"  global batch {batch}: out of device memory", flush=True)
+      break
+    finally:
+      jax.clear_caches()
+    print(f"  global batch {batch}: {found[-1]['examples_per_sec']:,.1f} examples/s", flush=True)
+    if not m.search_batch or batch * 2 > m.search_up_to * default:
+      break
+    batch *= 2
+  peak, source = peak_tflops(device, m.dtype)
+  command = f"./launch.sh report --only throughput:{m.name}"
+  records = []
+  for numbers, name in ((found[0], m.name), (found[-1], f"{m.name}-largest")):
+    if name != m.name and len(found) == 1:
+      break
+    seconds = numbers["batch_size"] / numbers["examples_per_sec"]
+    numbers = {
+      **numbers,
+      "peak_tflops": peak,
+      "peak_source": source,
+      "mfu": numbers["flops_per_step"] / seconds / (peak * 1e12) if peak else None,
+    }
+    measured = dataclasses.replace(m, name=name)
+    records.append(_record(measured, device, command, numbers, search_batch=m.search_batch))
+  return records
+
+
+def peer_speed(m: Measurement) -> dict:
+  """The PyTorch peer's examples/s, in a process of its own (PyTorch never imports here)."""
+  model = m.config_dict().model
+  command = [sys.executable, "-m", "research.peer_torch", "--model", m.peer]
+  command += ["--batch", str(m.config_dict().batch_size), "--dtype", m.dtype]
+  command += ["--steps", str(m.steps), "--image-size", str(m.image_size)]
+  command += ["--num-classes", str(model.num_classes)]
+  if m.peer == "vgg":
+    command += ["--depth", str(model.depth), "--width", str(model.width)]
+  result = subprocess.run(command, capture_output=True, text=True)
+  if result.returncode:
+    raise UserError(f"the PyTorch peer failed: {result.stderr.strip()[-400:]}")
+  return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def peer(m: Measurement, device: dict, theirs: dict) -> list[dict]:
+  """Our step at the peer's batch and dtype, against the PyTorch step measured before."""
+  ours = step_speed(m.config_dict(), m.steps)
+  numbers = {
+    "batch_size": ours["batch_size"],
+    "examples_per_sec": ours["examples_per_sec"],
+    "peer_examples_per_sec": theirs["examples_per_sec"],
+    "ratio": ours["examples_per_sec"] / theirs["examples_per_sec"],
+    "peer": theirs,
+  }
+  command = f"./launch.sh report --only peer:{m.name}"
+  return [_record(m, device, command, numbers, versions_extra=("torch", "torchvision"))]
+
+
+def _metrics(workdir: Path) -> list[dict]:
+  path = workdir / "metrics.jsonl"
+  return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _train(args: list[str], workdir: Path, budget_end: float) -> bool:
+  """Runs `./launch.sh ARGS --workdir=WORKDIR` as a child; at the budget's end it is sent
+  SIGTERM (it checkpoints and stops). True if it ran to the end."""
+  command = [sys.executable, "-m", "research.main", f"--config={args[0]}", *args[1:]]
+  process = subprocess.Popen([*command, f"--workdir={workdir}"])
+  try:
+    return process.wait(timeout=max(1.0, budget_end - time.time())) == 0
+  except subprocess.TimeoutExpired:
+    process.send_signal(signal.SIGTERM)
+    process.wait()
+    return False
+  finally:
+    if process.poll() is None:
+      process.kill()
+
+
+def _jpeg_folder(root: Path, classes: int, per_class: int) -> Path:
+  """An image folder of generated 500×375 JPEGs: `per_class` train and 4 val images a class."""
+  from research import benchmark
+
+  done = root / f".complete-{classes}x{per_class}"
+  if not done.exists():
+    for k in range(classes):
+      benchmark.imagenet_sized_jpegs(root / "train" / f"c{k:02d}", per_class, k * per_class)
+      benchmark.imagenet_sized_jpegs(root / "val" / f"c{k:02d}", 4, 10**6 + 4 * k)
+    done.touch()
+  return root
+
+
+def decode_rate(paths: list[Path], size: int) -> float:
+  """Images/s of one process decoding `paths` to host size, as each decode worker does."""
+  from research.data import folder
+
+  start = time.perf_counter()
+  for path in paths:
+    folder.read_rgb(str(path), size)
+  return len(paths) / (time.perf_counter() - start)
+
+
+STREAMED_IMAGES = {"gpu": (10, 256), "cpu": (10, 32), "tiny": (2, 16)}  # (classes, per class)
+
+
+def streamed(m: Measurement, device: dict, workdir: Path, budget_end: float, scale: str):
+  """Trains `m.steps` steps on a streamed folder of generated ImageNet-sized JPEGs."""
+  import shutil
+
+  classes, per_class = STREAMED_IMAGES[scale]
+  jpegs = _jpeg_folder(workdir.parent / "jpegs", classes, per_class)
+  shutil.rmtree(workdir, ignore_errors=True)  # a short run: measured afresh each time
+  extra = {
+    "dataset": "folder",
+    "data_dir": "DIR",
+    "data_placement": "streamed",
+    "model.num_classes": classes,
+    "num_train_steps": m.steps,
+    "eval_every_steps": 0,
+  }
+  args = train_command(m, extra)
+  if not _train([a.replace("=DIR", f"={jpegs}") for a in args], workdir, budget_end):
+    return []
+  train_records = [r for r in _metrics(workdir) if "loss" in r][2:]  # not step 1, not warm-up
+  config = m.config_dict()
+  paths = sorted((jpegs / "train").rglob("*.jpg"))[:200]
+  numbers = {
+    "batch_size": config.batch_size,
+    "data_workers": config.data_workers,
+    "examples_per_sec": statistics.median(r["examples_per_sec"] for r in train_records),
+    "input_wait_fraction": statistics.median(r["input_wait_fraction"] for r in train_records),
+    "decode_images_per_sec_per_worker": decode_rate(paths, config.host_image_size),
+    "images": f"{classes * per_class} generated 500×375 JPEGs, quality 90",
+  }
+  return [_record(m, device, "./launch.sh " + shlex.join(args), numbers)]
+
+
+def main_run(m: Measurement, device: dict, workdir: Path, budget_end: float, data: Path):
+  """Trains the recipe to completion on the real data (resuming a run the budget stopped)."""
+  from research.data import folder
+
+  args = train_command(m, {"dataset": "folder", "data_dir": "DIR"})
+  if not _train([a.replace("=DIR", f"={data}") for a in args], workdir, budget_end):
+    print(f"main {m.name}: stopped at the budget; run the report again to continue", flush=True)
+    return []
+  metrics = _metrics(workdir)
+  curve, wall = results.launch_curve(metrics)
+  log_every = m.config_dict().log_every_steps
+  intervals = [r for r in metrics if "loss" in r and r["step"] % log_every == 0]
+  final = [r for r in metrics if "eval_accuracy" in r][-1]
+  scanned = folder.scan(str(data))
+  numbers = {
+    "test_accuracy": final["eval_accuracy"],
+    "eval_examples": final["eval_examples"],
+    "steps": final["step"],
+    "wall_time_sec": wall,
+    "examples_per_sec": statistics.median(r["examples_per_sec"] for r in intervals),
+  }
+  dataset = f"{data.name} ({len(scanned.train.paths):,} train, {final['eval_examples']:,} test)"
+  command = "./launch.sh " + shlex.join(args)
+  return [_record(m, device, command, numbers, dataset=dataset, curve=curve)]
