@@ -115,3 +115,39 @@ def test_a_cpu_venv_on_a_gpu_node_is_upgraded_to_the_gpu_set(machine):
   calls = machine(SMOKE, gpu=True)
   assert any("install -c requirements/cuda12.lock -e .[test,cuda12]" in c for c in calls), calls
   assert calls[-1] == f"-m research.main --config={SMOKE}"
+
+
+def _pypi_reachable() -> bool:
+  import urllib.request
+
+  try:
+    urllib.request.urlopen("https://pypi.org/simple/ml-collections/", timeout=10)
+  except OSError:
+    return False
+  return True
+
+
+@pytest.mark.skipif(not _pypi_reachable(), reason="needs the package registry (pypi.org)")
+def test_a_wheelhouse_for_another_python_installs_without_an_index(tmp_path):
+  wheels = tmp_path / "wheelhouse"
+  made = subprocess.run(
+    [str(ROOT / "launch.sh"), "wheelhouse", "--python-version", "3.12", "--dest", str(wheels)]
+    + ["ml-collections"],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env={**os.environ, "RESEARCH_PYTHON": sys.executable},
+  )
+  assert made.returncode == 0, made.stderr[-2000:]
+  locked = next(
+    p for p in (ROOT / "requirements" / "cpu.lock").read_text().split() if "ml_coll" in p
+  )
+  (wheel,) = wheels.glob(f"ml_collections-{locked.split('==')[1]}-*.whl")  # the locked version
+  site = tmp_path / "site"
+  subprocess.run(
+    [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps"]
+    + ["--find-links", str(wheels), "--target", str(site), "ml-collections"],
+    check=True,
+    timeout=120,
+  )
+  assert (site / "ml_collections" / "__init__.py").is_file() and wheel.stat().st_size > 0
