@@ -42,7 +42,10 @@ def test_the_report_writes_records_resumes_a_stopped_run_and_its_table_renders(t
   table = results.main_table(results.load(tmp_path / "results"), report.expected_rows())
   accuracy = f"{record['numbers']['test_accuracy']:.2%}".replace("%", " %")
   assert f"| VGG :smoke, float32 | cifar10_slice (160 train, 80 test) | {accuracy} |" in table
-  assert "| VGG-16 (200 epochs), bfloat16 | cifar10-jpeg (50,000 train, 10,000 test) | not measured" in table
+  assert (
+    "| VGG-16 (200 epochs), bfloat16 | cifar10-jpeg (50,000 train, 10,000 test) | not measured"
+    in table
+  )
 
   again = _report(tmp_path, "--only=main", data)
   assert "recorded (--again redoes it)" in again.stdout and "wrote" not in again.stdout
