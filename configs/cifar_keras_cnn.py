@@ -2,7 +2,7 @@
 
   ./launch.sh configs/cifar_keras_cnn.py
   ./launch.sh configs/cifar_keras_cnn.py:smoke
-  ./launch.sh configs/cifar_keras_cnn.py:no_augment    # the write-up's 6 s/epoch baseline
+  ./launch.sh configs/cifar_keras_cnn.py:no_augment    # the write-up's baseline
 
 Keras' recipe: RMSprop lr 1e-4 with legacy decay 1e-6 (lr / (1 + 1e-6 * step)), batch 32
 per device, width/height shift 0.1 and horizontal flip (ImageDataGenerator), pixels scaled

@@ -8,10 +8,10 @@
 
 Recipe: SGD + Nesterov momentum 0.9, peak lr 0.1 per 256 examples with cosine decay over
 200 epochs, weight decay 5e-4 on kernels, random crop (4 px zero padding) + horizontal flip,
-per-image standardization. Expected test accuracy on real CIFAR-10: about 93.5% (this is
-the standard VGG-16-BN recipe; published runs of it report 92.6-94%, e.g. 92.64% in
-kuangliu/pytorch-cifar). Not yet measured with this code: our sessions had no GPU and no
-CIFAR-10. The 2016 write-up's model reached ~80% with its distortions and Adam (:writeup).
+per-image standardization. Published runs of this standard VGG-16-BN recipe report 92.6-94%
+on real CIFAR-10 (e.g. 92.64% in kuangliu/pytorch-cifar); what this code reaches, and in
+what time, is in the README's results table (`./launch.sh report --only main` measures it).
+The 2016 write-up's model reached ~80% with its distortions and Adam (:writeup).
 """
 
 from configs.common import apply_variant, training_defaults

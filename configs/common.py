@@ -31,11 +31,7 @@ def training_defaults() -> ml_collections.ConfigDict:
   c.eval_batch_size = 1000  # global; the test split is padded and masked, never truncated
   c.num_epochs = 1
   c.num_train_steps = -1  # > 0 overrides num_epochs
-  # Examples per forward/backward pass on each device; the step averages the gradients of its
-  # micro-batches (same gradient, to float rounding). 0 = auto: 16 on CPU, where XLA runs
-  # small convolutions fastest (BENCHMARKS.md), for models without BatchNorm; otherwise the
-  # whole per-device batch. With BatchNorm, each micro-batch is normalized on its own.
-  c.micro_batch_size = 0
+  c.micro_batch_size = 0  # examples per forward/backward pass; 0 = auto (steps.micro_batch_size)
 
   # Augmentation, run on device: op names from research/augment.py joined by "|".
   c.augment = "crop(4)|flip_lr|standardize"

@@ -18,17 +18,23 @@
                         the auto micro-batch) ÷ the same step with XLA's convolutions on the
                         whole batch (what a plain jitted flax step does), in this process's
                         devices (1 on a CPU host unless XLA_FLAGS says otherwise).
+  forms                 (on a CPU host) each CPU form of research/models/layers.py, and the
+                        host-memory settings, on and off in the shipped default steps (Keras
+                        CNN, VGG-16, Inception-v3 :smoke): compiled in one process, timed in
+                        alternating rounds (the malloc settings in alternating processes).
 All training benchmarks use the synthetic dataset (same shapes as CIFAR-10; throughput of
 resident data does not depend on pixel values). Results go to the console and
 WORKDIR/benchmark.json.
 """
 
 import argparse
+import contextlib
 import functools
 import json
 import multiprocessing
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -36,12 +42,12 @@ import jax
 import numpy as np
 from PIL import Image
 
-from research import augment as augment_lib
 from research import configuration, host_memory
+from research import inputs as inputs_lib
 from research.data import folder
-from research.models import _layers
+from research.models import layers
 from research.placement import replicate
-from research.steps import AXIS, streamed_train_step
+from research.steps import AXIS
 from research.train import setup, train_and_evaluate
 
 GOALS = {"loop_efficiency": 0.97, "augmentation_overhead": 0.95}
@@ -61,8 +67,9 @@ def _config(path: str, small: bool, **overrides):
   return config
 
 
-def time_steps(p_step, rstate, batches, steps: int, warmup: int = 3) -> float:
-  """Seconds of `steps` back-to-back steps after `warmup` steps; blocks once at the end."""
+def time_steps(p_step, rstate, batches, steps: int, warmup: int = 3):
+  """(seconds of `steps` back-to-back steps after `warmup` steps, the state after them);
+  blocks once at the end. The state passed in is donated: use the one returned."""
   for _ in range(warmup):
     rstate, metrics = p_step(rstate, next(batches))
   jax.block_until_ready(rstate)
@@ -70,19 +77,19 @@ def time_steps(p_step, rstate, batches, steps: int, warmup: int = 3) -> float:
   for _ in range(steps):
     rstate, metrics = p_step(rstate, next(batches))
   jax.block_until_ready(metrics)
-  return time.perf_counter() - start
+  return time.perf_counter() - start, rstate
 
 
 def _bare(config):
-  """The config's run and its pmapped step alone (no logging, no fetches)."""
-  run = setup(config)
-  return run, jax.pmap(run.inputs.train_step, axis_name=AXIS, donate_argnums=(0,))
+  """The config's training and its pmapped step alone (no logging, no fetches)."""
+  training = setup(config)
+  return training, jax.pmap(training.train_step, axis_name=AXIS, donate_argnums=(0,))
 
 
 def bare_step(config, steps: int) -> float:
   """Examples/s of the pmapped step alone on device-resident data: no logging, no fetches."""
-  run, p_step = _bare(config)
-  seconds = time_steps(p_step, replicate(run.state), run.inputs.batches(0), steps)
+  training, p_step = _bare(config)
+  seconds, _ = time_steps(p_step, replicate(training.state), training.inputs.batches(0), steps)
   return steps * config.batch_size / seconds
 
 
@@ -102,15 +109,15 @@ def _steady_examples_per_sec(config, seconds: float = 10.0) -> tuple[float, int]
   Five: the compile, then the steps in which the host heap grows to the step's peak (their
   memory is new to the process; see research/host_memory.py); the last one sizes the run.
   """
-  run, p_step = _bare(config)
-  rstate, batches = replicate(run.state), run.inputs.batches(0)
+  training, p_step = _bare(config)
+  rstate, batches = replicate(training.state), training.inputs.batches(0)
   for _ in range(5):
     start = time.perf_counter()
     rstate, metrics = p_step(rstate, next(batches))
     jax.block_until_ready(metrics)
   steps = max(2, min(20, round(seconds / (time.perf_counter() - start))))
-  timed = time_steps(p_step, rstate, batches, steps, warmup=0)
-  return steps * config.batch_size / timed, run.micro_batch
+  timed, _ = time_steps(p_step, rstate, batches, steps, warmup=0)
+  return steps * config.batch_size / timed, training.micro_batch
 
 
 def cpu_steps(path: str) -> dict:
@@ -118,7 +125,7 @@ def cpu_steps(path: str) -> dict:
   rows = {}
   for batch in (128, 256):
     per_device = batch // jax.device_count()
-    with _layers.plain_xla():
+    with layers.without():
       xla, _ = _steady_examples_per_sec(
         _config(path, False, batch_size=batch, micro_batch_size=per_device)
       )
@@ -131,6 +138,63 @@ def cpu_steps(path: str) -> dict:
       "speedup": ours / xla,
     }
   return rows
+
+
+FORM_CONFIGS = (
+  "configs/cifar_keras_cnn.py",
+  "configs/cifar_vgg.py",
+  "configs/inception_v3.py:smoke",
+)
+
+
+def form_variants() -> dict:
+  """{name: the CPU forms switched off}: all on, each off alone, all off (XLA's own ops)."""
+  return {
+    "all": (),
+    **{f"no {form}": (form,) for form in layers.CPU_FORMS},
+    "none": layers.CPU_FORMS,
+  }
+
+
+def cpu_forms(path: str, variants: list[str], rounds: int, seconds: float = 6.0) -> dict:
+  """Examples/s of the config's default step for each variant of form_variants(), all
+  compiled in this process first, then timed in `rounds` alternating rounds (the order
+  reversed every other round); a variant compiled to the same program as "all" (its form
+  does not occur in this model) is not timed. Ratios are taken within a round."""
+  compiled, programs = {}, {}
+  for name in variants:
+    off = form_variants()[name]
+    with layers.without(*off) if off else _nothing():
+      training, p_step = _bare(_config(path, False))
+      rstate, batches = replicate(training.state), training.inputs.batches(0)
+      p_step = p_step.lower(rstate, next(batches)).compile()  # traced with these forms
+    programs[name] = p_step.as_text()
+    if name != "all" and programs[name] == programs.get("all"):
+      continue
+    per_step, rstate = time_steps(p_step, rstate, batches, 1, warmup=3)  # the heap grows
+    compiled[name] = [p_step, rstate, batches, max(1, round(seconds / per_step))]
+  speeds = {name: [] for name in compiled}
+  batch = _config(path, False).batch_size
+  for i in range(rounds):
+    for name in list(compiled) if i % 2 == 0 else reversed(compiled):  # none always first
+      p_step, rstate, batches, steps = compiled[name]
+      timed, compiled[name][1] = time_steps(p_step, rstate, batches, steps, warmup=1)
+      speeds[name].append(steps * batch / timed)
+  result = {"examples_per_sec": {name: statistics.median(v) for name, v in speeds.items()}}
+  if "all" in speeds:  # what each form gains: all ÷ without it, round by round
+    result["gain"] = {
+      name: statistics.median(a / b for a, b in zip(speeds["all"], v, strict=True))
+      for name, v in speeds.items()
+      if name != "all"
+    }
+  result["same_program_as_all"] = [n for n in variants if n not in compiled]
+  result["rounds"] = speeds
+  return result
+
+
+@contextlib.contextmanager
+def _nothing():
+  yield
 
 
 def _host_augment(args):
@@ -162,23 +226,14 @@ def _split_policy(spec: str):
 
 def host_augmented(config, steps: int, workers: int) -> float:
   """Examples/s when worker processes augment every batch on the host, as in the write-up."""
-  from research.data.streaming import prefetch_to_devices  # grain: only this benchmark needs it
-
   (pad, mode), on_device = _split_policy(config.augment)
   device_config = config.copy_and_resolve_references()
   device_config.augment = on_device
-  run = setup(device_config)
+  training = setup(device_config)
+  # The same step, given host-augmented batches as a streamed dataset gives them.
+  gather = functools.partial(inputs_lib.streamed_gather, step_key=jax.random.key(0))
   step = jax.pmap(
-    functools.partial(
-      streamed_train_step,
-      step_key=jax.random.key(0),
-      augment=augment_lib.build(on_device),
-      num_classes=config.model.num_classes,
-      label_smoothing=config.label_smoothing,
-      aux_loss_weight=config.aux_loss_weight,
-    ),
-    axis_name=AXIS,
-    donate_argnums=(0,),
+    functools.partial(training.train_step, gather=gather), axis_name=AXIS, donate_argnums=(0,)
   )
   data = np.random.default_rng(0).integers(0, 256, (8192, 32, 32, 3), dtype=np.uint8)
   labels = np.random.default_rng(1).integers(0, 10, 8192).astype(np.int32)
@@ -192,8 +247,8 @@ def host_augmented(config, steps: int, workers: int) -> float:
   with multiprocessing.get_context("spawn").Pool(workers) as pool:
     augmented = pool.imap(_host_augment, jobs(), chunksize=1)
     batches = ({"image": x, "label": labels[:b]} for x in augmented)
-    on_devices = prefetch_to_devices(batches, 2)
-    seconds = time_steps(step, replicate(run.state), on_devices, steps)
+    on_devices = inputs_lib.prefetch_to_devices(batches, 2)
+    seconds, _ = time_steps(step, replicate(training.state), on_devices, steps)
   return steps * b / seconds
 
 
@@ -257,13 +312,22 @@ def decode_speed(workdir: Path, count: int, host_sizes=(320, 160)) -> dict:
 
 
 def main() -> None:
-  host_memory.keep_freed_memory()  # before JAX starts its threads
+  if "--system-malloc" not in sys.argv:
+    host_memory.keep_freed_memory()  # before JAX starts its threads
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--small", action="store_true", help="smaller models, for CPUs")
   parser.add_argument("--steps", type=int, default=40, help="timed steps per measurement")
   parser.add_argument("--workers", type=int, default=os.cpu_count(), help="host aug. workers")
   parser.add_argument("--workdir", default=f"runs/benchmark-{time.strftime('%Y%m%d-%H%M%S')}")
-  parser.add_argument("--only", choices=("train", "decode", "conv2d", "cpu"), help="one benchmark")
+  parser.add_argument(
+    "--only", choices=("train", "decode", "conv2d", "cpu", "forms"), help="one benchmark"
+  )
+  parser.add_argument("--rounds", type=int, default=3, help="forms: alternating rounds")
+  parser.add_argument("--variants", default="", help="forms: comma-separated (default: all)")
+  parser.add_argument("--configs", default="", help="forms: comma-separated config specs")
+  parser.add_argument(
+    "--system-malloc", action="store_true", help="forms: glibc's defaults, not host_memory's"
+  )
   parser.add_argument("--jpegs", type=int, default=200, help="generated JPEGs to decode")
   args = parser.parse_args()
   workdir = Path(args.workdir)
@@ -296,6 +360,11 @@ def main() -> None:
   on_cpu = jax.default_backend() == "cpu"
   if args.only == "cpu" or (run_all and on_cpu):  # full-size models on a CPU: ~10 minutes
     results["cpu"] = {Path(path).stem: cpu_steps(path) for path in CONFIGS}
+  if args.only == "forms":
+    variants = args.variants.split(",") if args.variants else list(form_variants())
+    configs = args.configs.split(",") if args.configs else FORM_CONFIGS
+    results["forms"] = {path: cpu_forms(path, variants, args.rounds) for path in configs}
+    results["malloc"] = "system" if args.system_malloc else "host_memory"
   (workdir / "benchmark.json").write_text(json.dumps(results, indent=2) + "\n")
   _print(results)
   print(f"wrote {workdir / 'benchmark.json'}")
@@ -344,6 +413,13 @@ def _print(results: dict) -> None:
           f"{name:18} {batch:>5} {r['devices']:7d} {r['micro_batch']:5d} "
           f"{r['xla_examples_per_sec']:7.1f} {r['examples_per_sec']:7.1f} {r['speedup']:6.2f}"
         )
+  if "forms" in results:
+    print(f"CPU forms: all ÷ without each (median of per-round ratios; malloc {results['malloc']})")
+    for path, r in results["forms"].items():
+      speeds = ", ".join(f"{n} {v:.1f}" for n, v in r["examples_per_sec"].items())
+      gains = ", ".join(f"{n} {v:.3f}" for n, v in r.get("gain", {}).items())
+      same = ", ".join(r["same_program_as_all"]) or "-"
+      print(f"  {path}\n    ex/s: {speeds}\n    gain: {gains}\n    not in this model: {same}")
 
 
 if __name__ == "__main__":

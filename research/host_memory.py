@@ -1,16 +1,13 @@
 """Keeps freed host memory in the process, so XLA:CPU's step stops page-faulting.
 
-XLA:CPU allocates a step's buffers with malloc and frees them when the step ends: about
-250 MB for the Keras CNN at batch 128 (activations, convolution patches). glibc gives large
-blocks, and its per-thread arenas, back to the kernel, so every step the kernel maps and
-zeroes the same memory again. Measured on a 2-core CPU: 82,000 page faults and ~245 ms of
-system time in each 395 ms step. With one arena, no mmap and no trimming, the freed memory
-is reused: once the heap has grown to the step's peak (the first few steps), 0 page faults.
-See BENCHMARKS.md for the step's speed with and without.
+XLA:CPU allocates a step's buffers with malloc and frees them when the step ends. glibc gives
+large blocks, and its per-thread arenas, back to the kernel, so every step the kernel maps
+and zeroes the same memory again. With one arena, no mmap and no trimming, the freed memory
+is reused once the heap has grown to the step's peak (the first few steps). What it costs and
+gains: docs/cpu_step.md and BENCHMARKS.md ("CPU forms").
 
 The cost: the process keeps its peak host memory until it exits. GPU runs do not need it
-(their step's buffers live on the GPU); it applies there too, for one code path, and has not
-been measured on a GPU host.
+(their step's buffers live on the GPU); it applies there too, for one code path.
 """
 
 import ctypes

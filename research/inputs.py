@@ -1,25 +1,31 @@
-"""Data as the training loop sees it: device-ready batches, the step that eats them, eval.
+"""Data as the training loop sees it: device-ready batches, how one device takes a step's
+examples from them, and eval over the whole test split.
 
-Two kinds, one interface:
-  - resident (CIFAR-sized): the whole split lives on the devices as uint8; each step
-    gathers its batch on device, so the host hands over the same shard every step, with
-    the epoch's order of it (computed once per epoch, ahead of the epoch).
-  - streamed (ImageNet-sized): host workers decode fixed-size uint8 batches that are
-    prefetched to the devices while the previous step runs (research/data/streaming.py).
+Two kinds, one interface (`Inputs`):
+  - resident (CIFAR-sized): the whole split lives on the devices as uint8; each step gathers
+    its examples on device by the epoch's order, so the host hands over the same shard every
+    step, with that order (computed once per epoch, while the epoch before trains).
+  - streamed (ImageNet-sized): host workers decode fixed-size uint8 batches
+    (research/data/streaming.py) that are prefetched to the devices while the step before runs.
+The sources in research/data/ yield host arrays; this module is the device side of both.
 """
 
+import collections
 import dataclasses
 import functools
 import itertools
 from collections.abc import Callable, Iterator
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
-from research import steps
-from research.data import ImageDataset, fingerprint
+from research import environment, steps
+from research.data import STREAMED, ImageDataset, fingerprint, folder
+from research.data.load import load_in_memory
 from research.errors import UserError
-from research.placement import first_replica, pad_for_eval, replicate, upload_shards
+from research.placement import first_replica, pad_for_eval, replicate, to_devices, upload_shards
 from research.steps import AXIS
 
 
@@ -29,14 +35,39 @@ class Inputs:
   source: str
   fallback_reason: str  # non-empty when synthetic data replaced the requested dataset
   fingerprint: str  # digest of the data's content (or file list), checked when a run resumes
-  num_classes: int
   example_shape: tuple  # [H, W, C] uint8 as stored; the model sees augment(example)
   steps_per_epoch: int
-  train_step: Callable  # single-device step(state, batch) -> (state, metrics), to be pmapped
   batches: Callable[[int], Iterator]  # first step -> device-ready batches, one per step
+  # For ONE device, inside the pmapped step: (step, its batch) -> (images_u8, labels, rng, sizes)
+  gather: Callable
   evaluate: Callable[[object], dict]  # replicated state -> eval totals on the host
-  preview: Callable[[int, object], np.ndarray]  # (step, its batch) -> augmented [N, h, w, C]
   skipped_images: Callable[[], int] = lambda: 0  # undecodable files skipped so far
+
+
+def make(config, *, per_device_batch, augment, preprocess, shuffle_key, step_key) -> Inputs:
+  """The config's data, resident on the devices or streamed from host workers."""
+  scanned = None
+  if config.dataset == "folder":
+    scanned = folder.scan(config.data_dir, config.skip_bad_images)
+    folder.check_num_classes(scanned, config.model.num_classes)
+  placement = config.data_placement  # folder only; tfds datasets always stream
+  if scanned is not None and placement == "auto":
+    fits = folder.fits_on_devices(scanned, config.resident_max_gb)
+    placement = "resident" if fits else "streamed"
+  if config.dataset in STREAMED or (scanned is not None and placement == "streamed"):
+    for field, pipeline in (("augment", augment), ("eval_preprocess", preprocess)):
+      if not pipeline.windowed:  # streamed images are padded squares
+        raise UserError(
+          f"{field}={config[field]!r} must start with a window op (inception_crop or "
+          "central_crop) for streamed data: the host pads images to squares and the op reads "
+          "only each image's valid part"
+        )
+    return streamed(config, per_device_batch, preprocess, step_key, scanned)
+  if scanned is not None:
+    data = folder.load_resident(scanned, config.skip_bad_images)
+  else:
+    data = load_in_memory(config)
+  return resident(config, data, per_device_batch, preprocess, shuffle_key, step_key)
 
 
 def check_shard(config, n_examples: int, n_devices: int, per_device_batch: int) -> int:
@@ -50,53 +81,67 @@ def check_shard(config, n_examples: int, n_devices: int, per_device_batch: int) 
   return shard_size
 
 
+# --- resident: the whole split on the devices -------------------------------------------------
+
+
+def epoch_order(epoch, *, shuffle_key, shard_size: int):
+  """Epoch `epoch`'s order of the local shard: a permutation, the same on every device."""
+  return jax.random.permutation(jax.random.fold_in(shuffle_key, epoch), shard_size)
+
+
+def resident_gather(step, batch, *, step_key, per_device_batch: int):
+  """Step `step`'s examples, gathered on this device from its resident shard (never leaving it).
+
+  batch: ((images_u8 [shard_size, H, W, C], labels [shard_size]), the epoch's `epoch_order`).
+  """
+  (images_u8, labels), order = batch
+  index_in_epoch = step % (order.shape[0] // per_device_batch)
+  idx = lax.dynamic_slice_in_dim(order, index_in_epoch * per_device_batch, per_device_batch)
+  return images_u8[idx], labels[idx], jax.random.fold_in(step_key, step), None
+
+
+def resident_eval(state, shard, *, preprocess, per_device_batch: int):
+  """`steps.eval_sums` over the whole (padded) resident test shard, summed over all devices."""
+  images_u8, labels, mask = shard  # [num_batches * per_device_batch, ...]
+
+  def one_batch(totals, start):
+    take = lambda x: lax.dynamic_slice_in_dim(x, start, per_device_batch)
+    sums = steps.eval_sums(state, take(images_u8), take(labels), take(mask), preprocess=preprocess)
+    return jax.tree.map(jnp.add, totals, sums), None
+
+  starts = jnp.arange(0, labels.shape[0], per_device_batch)
+  totals, _ = lax.scan(one_batch, steps.zero_totals(), starts)
+  return lax.psum(totals, AXIS)
+
+
 def resident(
-  config, data: ImageDataset, *, step_kwargs, preprocess, keys, per_device_batch
+  config, data: ImageDataset, per_device_batch: int, preprocess, shuffle_key, step_key
 ) -> Inputs:
-  """Uploads `data` once, sharded over all devices, and gathers every batch on device."""
+  """Uploads `data` once, sharded over all devices; every step gathers its batch on device."""
   n_devices = jax.device_count()
   shard_size = check_shard(config, len(data.train_labels), n_devices, per_device_batch)
-  shuffle_key, step_key = keys
-  batch_kwargs = dict(step_key=step_key, per_device_batch=per_device_batch)
   train_shard = upload_shards((data.train_images, data.train_labels), shard_size)
   steps_per_epoch = shard_size // per_device_batch
-  epoch_order = jax.jit(
-    functools.partial(steps.epoch_order, shuffle_key=shuffle_key, shard_size=shard_size)
-  )
+  order_of = jax.jit(functools.partial(epoch_order, shuffle_key=shuffle_key, shard_size=shard_size))
 
   def batches(start_step):
     """(the shard, its epoch's order) for steps start_step, start_step + 1, ...: the same
     arrays within an epoch. The next epoch's order is computed while this one trains, so
     fetching it at the epoch's start does not wait (nor count as input wait)."""
-    next_order = epoch_order(start_step // steps_per_epoch)
+    next_order = order_of(start_step // steps_per_epoch)
     for step in itertools.count(start_step):
       if step == start_step or step % steps_per_epoch == 0:
         order = replicate(np.asarray(next_order))  # [devices, shard_size] int32
-        next_order = epoch_order(step // steps_per_epoch + 1)  # dispatched, not awaited
+        next_order = order_of(step // steps_per_epoch + 1)  # dispatched, not awaited
       yield train_shard, order
 
   test = pad_for_eval(data.test_images, data.test_labels, config.eval_batch_size)
   test_shard = upload_shards(test, len(test[1]) // n_devices)
+  eval_batch = config.eval_batch_size // n_devices
   p_eval = jax.pmap(
-    functools.partial(
-      steps.resident_eval,
-      preprocess=preprocess,
-      per_device_batch=config.eval_batch_size // n_devices,
-    ),
+    functools.partial(resident_eval, preprocess=preprocess, per_device_batch=eval_batch),
     axis_name=AXIS,
   )
-  p_preview = jax.pmap(
-    functools.partial(
-      steps.preview_augmented, augment=step_kwargs["augment"], batch_kwargs=batch_kwargs, count=8
-    ),
-    axis_name=AXIS,
-  )
-
-  def preview(step, batch):  # batch: step `step`'s, from batches()
-    images = p_preview(replicate(np.int32(step)), batch)  # [devices, 8, H, W, C]
-    local = np.concatenate([np.asarray(s.data) for s in images.addressable_shards[:4]])
-    return local.reshape(-1, *local.shape[2:])
-
   return Inputs(
     name=data.name,
     source=data.source,
@@ -104,14 +149,96 @@ def resident(
     fingerprint=fingerprint(
       data.train_images, data.train_labels, data.test_images, data.test_labels
     ),
-    num_classes=data.num_classes,
     example_shape=data.train_images.shape[1:],
     steps_per_epoch=steps_per_epoch,
-    train_step=functools.partial(
-      steps.resident_train_step, batch_kwargs=batch_kwargs, **step_kwargs
-    ),
     batches=batches,
+    gather=functools.partial(resident_gather, step_key=step_key, per_device_batch=per_device_batch),
     evaluate=lambda rstate: first_replica(p_eval(rstate, test_shard)),
-    preview=preview,
     skipped_images=lambda: len(data.skipped_files),
+  )
+
+
+# --- streamed: host workers decode, batches are prefetched to the devices ---------------------
+
+DEVICE_KEYS = ("image", "size", "label", "mask")  # what a streamed batch sends to the devices
+
+
+def prefetch_to_devices(batches, depth: int, on_host=None):
+  """Keeps `depth` batches on their way to the devices ahead of the one handed out.
+
+  Only DEVICE_KEYS travel; `on_host(batch)` sees each whole numpy batch first (counters).
+  """
+  n_local = jax.local_device_count()
+  split = lambda x: x.reshape(n_local, -1, *x.shape[1:])  # [devices, per_device, ...]
+  queue = collections.deque()
+  try:
+    for batch in batches:
+      if on_host:
+        on_host(batch)
+      queue.append({k: to_devices(split(v)) for k, v in batch.items() if k in DEVICE_KEYS})
+      if len(queue) > depth:
+        yield queue.popleft()
+    yield from queue
+  finally:  # stop grain's worker processes and free their shared memory now, not at exit
+    getattr(batches, "close", lambda: None)()
+
+
+def streamed_gather(step, batch, *, step_key):
+  """A streamed batch as it arrived on this device, with step `step`'s key.
+
+  batch: image [per_device_batch, S, S, C] uint8, label [per_device_batch] int32 and, for
+  images padded to S × S, size [per_device_batch, 2] int32 (valid height, width).
+  """
+  return batch["image"], batch["label"], jax.random.fold_in(step_key, step), batch.get("size")
+
+
+def streamed_eval(state, batch, totals, *, preprocess):
+  """Adds one streamed eval batch to the running `totals` (summed over all devices)."""
+  images_u8, labels, mask, sizes = (batch.get(k) for k in ("image", "label", "mask", "size"))
+  sums = steps.eval_sums(state, images_u8, labels, mask, sizes, preprocess=preprocess)
+  return jax.tree.map(jnp.add, totals, lax.psum(sums, AXIS))
+
+
+def streamed(config, per_device_batch: int, preprocess, step_key, scanned=None) -> Inputs:
+  """A streamed dataset (`scanned`: the image folder, if already listed)."""
+  environment.check(environment.STREAMED)
+  from research.data import streaming  # grain (and tfds): only streamed datasets need them
+
+  share = (jax.process_index(), jax.process_count())  # each process reads its own records
+  n_devices, n_local = jax.device_count(), jax.local_device_count()
+  train_source, eval_source, description, content = streaming.sources(config, scanned)
+  per_process = per_device_batch * n_local
+  shard_size = check_shard(config, len(train_source), n_devices, per_device_batch)
+  train_ds = streaming.process_share(train_source, config.seed, True, share).repeat(None)
+  skipped = [0]  # undecodable files passed over so far (skip_bad_images), counted on the host
+
+  def count_skipped(batch):
+    skipped[0] += int(batch["skipped"].sum())
+
+  def batches(start_step):
+    stream = streaming.batch_stream(train_ds, per_process, start_step, config.data_workers)
+    return prefetch_to_devices(stream, config.prefetch, count_skipped)
+
+  p_eval = jax.pmap(functools.partial(streamed_eval, preprocess=preprocess), axis_name=AXIS)
+  eval_per_process = config.eval_batch_size // share[1]
+
+  def evaluate(rstate):
+    totals = replicate(jax.device_get(steps.zero_totals()))  # summed on device, fetched once
+    stream = streaming.eval_batches(eval_source, eval_per_process, config.data_workers, share)
+    for batch in prefetch_to_devices(stream, config.prefetch):
+      totals = p_eval(rstate, batch, totals)
+    return first_replica(totals)
+
+  size = config.host_image_size
+  return Inputs(
+    name=config.dataset,
+    source=description,
+    fallback_reason="",
+    fingerprint=content,
+    example_shape=(size, size, 3),
+    steps_per_epoch=shard_size // per_device_batch,
+    batches=batches,
+    gather=functools.partial(streamed_gather, step_key=step_key),
+    evaluate=evaluate,
+    skipped_images=lambda: skipped[0],
   )

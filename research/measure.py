@@ -179,21 +179,21 @@ def step_speed(config, steps: int) -> dict:
     checkpoint_every_steps=0,
     eval_every_steps=0,
   )
-  run = train.setup(config)
-  batches = run.inputs.batches(0)
+  training = train.setup(config)
+  batches = training.inputs.batches(0)
   first = next(batches)
-  rstate = replicate(run.state)
-  p_step = jax.pmap(run.inputs.train_step, axis_name=AXIS, donate_argnums=(0,))
+  rstate = replicate(training.state)
+  p_step = jax.pmap(training.train_step, axis_name=AXIS, donate_argnums=(0,))
   compiled = p_step.lower(rstate, first).compile()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, list) else cost
   # Five warm-up steps: on CPU the first few grow the host heap (research/host_memory.py).
-  seconds = benchmark.time_steps(compiled, rstate, batches, steps, warmup=5)
+  seconds, _ = benchmark.time_steps(compiled, rstate, batches, steps, warmup=5)
   return {
     "batch_size": config.batch_size,
     "examples_per_sec": steps * config.batch_size / seconds,
     "flops_per_step": float(cost.get("flops", 0.0)) * jax.local_device_count(),  # per device
-    "micro_batch": run.micro_batch,
+    "micro_batch": training.micro_batch,
   }
 
 

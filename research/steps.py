@@ -1,8 +1,8 @@
 """The device side of training: one step and one eval batch, written for ONE device.
 
-`jax.pmap` wraps them in research/train.py. Every collective names `AXIS`. Inputs are either
-device-resident (a whole uint8 dataset shard; the batch is gathered on device) or streamed
-(a batch decoded by host workers and prefetched); both feed the same `train_step`.
+`jax.pmap` wraps them in research/train.py. Every collective names `AXIS`. The step takes its
+examples from its batch with the data's `gather` (research/inputs.py): a device-resident
+shard it gathers from, or a batch host workers decoded and prefetched.
 """
 
 import functools
@@ -34,30 +34,38 @@ def device_rngs(rng):
   return jax.random.split(jax.random.fold_in(rng, lax.axis_index(AXIS)))
 
 
+CPU_MICRO_BATCH = 16  # examples per micro-batch on CPU when the config says 0 (auto)
+
+
+def micro_batch_size(configured: int, per_device_batch: int, batch_norm: bool, backend: str):
+  """Examples per forward/backward pass on each device: `configured`, or for 0 (auto) 16 on
+  CPU for models without BatchNorm, else the whole per-device batch.
+
+  The step averages its micro-batches' gradients: the whole batch's gradient, to float
+  rounding (dropout masks are per example, research/models/layers.py). XLA:CPU runs small
+  convolutions fastest per example, and the unrolled micro-batches run side by side on its
+  cores (docs/cpu_step.md). BatchNorm would normalize each micro-batch with its own
+  statistics, which changes training, so auto never splits a model that has it.
+  """
+  if configured:
+    return configured
+  auto = backend == "cpu" and not batch_norm and per_device_batch % CPU_MICRO_BATCH == 0
+  return CPU_MICRO_BATCH if auto else per_device_batch
+
+
 def train_step(
-  state,
-  images_u8,
-  labels,
-  rng,
-  sizes=None,
-  *,
-  augment,
-  num_classes,
-  label_smoothing,
-  aux_loss_weight,
-  micro_batch=None,
+  state, batch, *, gather, augment, num_classes, label_smoothing, aux_loss_weight, micro_batch=None
 ):
   """One optimizer step on this device's part of the global batch.
 
   Args:
-    images_u8: [per_device_batch, H, W, C] uint8.
-    labels: [per_device_batch] int32.
-    rng: the step's key, the same on every device; each device folds in its index.
-    sizes: [per_device_batch, 2] int32 valid (height, width) of padded images; None = whole.
-    micro_batch: examples per forward/backward pass (divides per_device_batch; None = all).
-      The gradient is the mean over the micro-batches: the whole batch's, to float rounding
-      (dropout masks are per example). BatchNorm normalizes each micro-batch on its own.
+    batch: this device's batch; `gather(step, batch)` gives the step's examples: images_u8
+      [per_device_batch, H, W, C] uint8, labels [per_device_batch] int32, the step's key (the
+      same on every device; each device folds in its index) and the valid (height, width)
+      [per_device_batch, 2] of padded images, or None.
+    micro_batch: examples per forward/backward pass (`micro_batch_size`; None: all at once).
   """
+  images_u8, labels, rng, sizes = gather(state.step, batch)
   augment_rng, dropout_rng = device_rngs(rng)
   images = augment(augment_rng, images_u8, sizes)  # [per_device_batch, h, w, C] float32
   per_device_batch = labels.shape[0]
@@ -102,46 +110,11 @@ def train_step(
   return new_state, metrics
 
 
-def epoch_order(epoch, *, shuffle_key, shard_size: int):
-  """Epoch `epoch`'s order of the local shard: a permutation, the same on every device.
-
-  Computed once per epoch (research/inputs.py), not in every step: permuting CIFAR-10's
-  50,000 examples takes ~24 ms on a 2-core CPU, a tenth of a Keras CNN step at batch 128.
-  """
-  return jax.random.permutation(jax.random.fold_in(shuffle_key, epoch), shard_size)
-
-
-def resident_batch(step, batch, *, step_key, per_device_batch):
-  """Gathers step `step`'s examples from the resident shard (uint8, never leaves the device).
-
-  batch: ((images [shard_size, H, W, C], labels [shard_size]), the epoch's `epoch_order`).
-  """
-  (images_u8, labels), order = batch
-  index_in_epoch = step % (order.shape[0] // per_device_batch)
-  idx = lax.dynamic_slice_in_dim(order, index_in_epoch * per_device_batch, per_device_batch)
-  return images_u8[idx], labels[idx], jax.random.fold_in(step_key, step)
-
-
-def resident_train_step(state, batch, *, batch_kwargs, **step_kwargs):
-  """`train_step` on this step's examples gathered from the resident shard."""
-  return train_step(state, *resident_batch(state.step, batch, **batch_kwargs), **step_kwargs)
-
-
-def preview_augmented(step, batch, *, augment, batch_kwargs, count: int):
-  """The first `count` images of this device's batch at `step`, augmented as training sees them."""
-  images_u8, _, rng = resident_batch(step, batch, **batch_kwargs)
+def augmented_examples(step, batch, *, gather, augment, count: int):
+  """The first `count` of this device's examples at `step`, augmented as the step sees them."""
+  images_u8, _, rng, sizes = gather(step, batch)
   augment_rng, _ = device_rngs(rng)
-  return augment(augment_rng, images_u8)[:count]  # whole batch: the same per-example keys
-
-
-def streamed_train_step(state, batch, *, step_key, **kwargs):
-  """`train_step` on a batch that host workers decoded and prefetched to this device.
-
-  batch: image [per_device_batch, S, S, C] uint8, label [per_device_batch] int32 and, for
-  images padded to S × S, size [per_device_batch, 2] int32 (valid height, width).
-  """
-  rng = jax.random.fold_in(step_key, state.step)
-  return train_step(state, batch["image"], batch["label"], rng, batch.get("size"), **kwargs)
+  return augment(augment_rng, images_u8, sizes)[:count]  # whole batch: the same per-example keys
 
 
 def eval_sums(state, images_u8, labels, mask, sizes=None, *, preprocess):
@@ -158,27 +131,6 @@ def eval_sums(state, images_u8, labels, mask, sizes=None, *, preprocess):
   }
 
 
-def streamed_eval(state, batch, totals, *, preprocess):
-  """Adds one streamed eval batch to the running `totals` (summed over all devices)."""
-  images_u8, labels, mask, sizes = (batch.get(k) for k in ("image", "label", "mask", "size"))
-  sums = lax.psum(eval_sums(state, images_u8, labels, mask, sizes, preprocess=preprocess), AXIS)
-  return jax.tree.map(jnp.add, totals, sums)
-
-
-def resident_eval(state, shard, *, preprocess, per_device_batch):
-  """`eval_sums` over the whole (padded) resident test shard, summed over all devices."""
-  images_u8, labels, mask = shard  # [num_batches * per_device_batch, ...]
-
-  def one_batch(totals, start):
-    take = lambda x: lax.dynamic_slice_in_dim(x, start, per_device_batch)
-    sums = eval_sums(state, take(images_u8), take(labels), take(mask), preprocess=preprocess)
-    return jax.tree.map(jnp.add, totals, sums), None
-
-  starts = jnp.arange(0, labels.shape[0], per_device_batch)
-  totals, _ = lax.scan(one_batch, zero_totals(), starts)
-  return lax.psum(totals, AXIS)
-
-
 def zero_totals():
   return {"loss_sum": jnp.float32(0), "correct": jnp.float32(0), "count": jnp.float32(0)}
 
@@ -187,7 +139,7 @@ def create_train_state(rng, config, model, image_shape, tx) -> TrainState:
   image = jnp.zeros((1, *image_shape), jnp.float32)
   init = jax.jit(functools.partial(model.init, train=False)).lower(rng, image)
   # It runs once. On CPU, XLA's backend optimizations of its random initializers take longer
-  # than they could save (Inception-v3: 20 s of compile, 8 s without; VGG-16: 6 s, 1 s).
+  # to compile than they save in the one run.
   options = {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else None
   variables = init.compile(compiler_options=options)(rng, image)
   state = TrainState.create(

@@ -3,11 +3,13 @@
 `train_config` runs before anything is loaded, compiled or written (train.setup calls it, and
 research/main.py calls it for the scaling report), so a mistake costs one `error:` line.
 Checks that need more live where that is known: shard sizes and class counts with the data,
-the profile window against the resumed step (`profile_window`), the checkpoint's layout.
+the profile window against the resumed step (train.Profiler), the checkpoint's layout.
 """
 
 import difflib
 import math
+from collections.abc import Callable
+from typing import NamedTuple
 
 import ml_collections
 
@@ -52,7 +54,6 @@ RANGES = (
   ("synthetic_noise", ">= 0", lambda x: x >= 0),
   ("log_every_seconds", "> 0", lambda x: x > 0),
 )
-CPU_MICRO_BATCH = 16  # examples: the fastest Keras CNN step on a 2-core CPU (BENCHMARKS.md)
 
 
 def _choice(field: str, value, choices) -> None:
@@ -92,8 +93,17 @@ def _scaling(config, n_devices: int) -> None:
       )
 
 
-def train_config(config: ml_collections.ConfigDict, n_devices: int) -> int:
-  """Checks every field of a training config; returns the per-device batch."""
+class Checked(NamedTuple):
+  """What checking a training config builds: the per-device batch and the two pipelines
+  (parsing them is how they are checked), handed on so nothing is built twice."""
+
+  per_device_batch: int
+  augment: Callable  # research/augment.py: (rng, images_u8, sizes) -> float32 images
+  eval_preprocess: Callable
+
+
+def train_config(config: ml_collections.ConfigDict, n_devices: int) -> Checked:
+  """Checks every field of a training config."""
   _choice("dataset", config.dataset, DATASETS)
   _choice("data_placement", config.data_placement, PLACEMENTS)
   for field, minimum in INT_FIELDS:
@@ -121,8 +131,8 @@ def train_config(config: ml_collections.ConfigDict, n_devices: int) -> int:
     raise UserError(
       f"profile_steps={profile} must be () or (start, stop) with 1 <= start < stop, e.g. (10, 15)"
     )
-  augment_lib.build(config.augment)
-  augment_lib.build(config.eval_preprocess)
+  augment = augment_lib.build(config.augment)
+  eval_preprocess = augment_lib.build(config.eval_preprocess)
   optim.create_optimizer(config, optim.learning_rate_schedule(config, 1, 1))  # names checked
   per_device_batch = batch_sizes(config, n_devices)
   if per_device_batch % max(1, config.micro_batch_size):
@@ -133,25 +143,4 @@ def train_config(config: ml_collections.ConfigDict, n_devices: int) -> int:
     )
   if config.scaling_report:
     _scaling(config, n_devices)
-  return per_device_batch
-
-
-def micro_batch(config, per_device_batch: int, batch_norm: bool, backend: str) -> int:
-  """Examples per micro-batch: the config's, or for 0 the auto choice (see configs/common.py)."""
-  if config.micro_batch_size:
-    return config.micro_batch_size
-  auto = backend == "cpu" and not batch_norm and per_device_batch % CPU_MICRO_BATCH == 0
-  return CPU_MICRO_BATCH if auto else per_device_batch
-
-
-def profile_window(config, resume_step: int) -> None:
-  """A profile window must lie after the step a resumed run starts from."""
-  profile = tuple(config.profile_steps)
-  if profile and profile[0] <= resume_step:
-    length = profile[1] - profile[0]
-    what = "lies wholly before" if profile[1] <= resume_step else "starts at or before"
-    raise UserError(
-      f"profile_steps={profile} {what} step {resume_step}, where this run resumes, so it "
-      f"would not profile what you asked; use e.g. --config.profile_steps="
-      f"'({resume_step + 1}, {resume_step + 1 + length})'"
-    )
+  return Checked(per_device_batch, augment, eval_preprocess)

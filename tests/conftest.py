@@ -3,7 +3,7 @@
 import os
 
 # The suite checks values, not speed: XLA's backend (LLVM) optimizations off halves compile
-# times, most of the suite's time (Inception's :smoke run: 160 s -> 78 s, its steps 2x slower).
+# times, most of the suite's time; the steps run slower, and there are few of them.
 os.environ["XLA_FLAGS"] = (
   os.environ.get("XLA_FLAGS", "")
   + " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"

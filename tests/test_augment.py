@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import pytest
 
-from research import augment, configuration
+from research import augment, configuration, train
 from research import inputs as inputs_lib
 from research.data import ImageDataset
 from research.errors import UserError
@@ -81,15 +81,11 @@ def _preview_of_identical_shards(seed):
   labels = np.tile(np.arange(8, dtype=np.int32), 8)
   data = ImageDataset("same", "test", images, labels, images, labels, num_classes=10)
   keys = jax.random.split(jax.random.key(seed), 2)
-  inputs = inputs_lib.resident(
-    config,
-    data,
-    step_kwargs=dict(augment=augment.build(config.augment)),
-    preprocess=augment.build(config.eval_preprocess),
-    keys=(keys[0], keys[1]),
-    per_device_batch=8,
+  preprocess, pipeline = augment.build(config.eval_preprocess), augment.build(config.augment)
+  inputs = inputs_lib.resident(config, data, 8, preprocess, keys[0], keys[1])
+  preview = lambda step: train.augmented_preview(
+    inputs.gather, pipeline, step, next(inputs.batches(step))
   )
-  preview = lambda step: inputs.preview(step, next(inputs.batches(step)))
   return lambda step: preview(step).reshape(4, 8, 32, 32, 3)  # first 4 devices
 
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
+from research import inputs
 from research.data import streaming
 from research.train import train_and_evaluate
 
@@ -27,7 +28,7 @@ def test_mock_imagenet_batches_are_fixed_size_uint8_and_land_sharded_on_devices(
     assert batch["image"].shape == (8, 40, 40, 3) and batch["image"].dtype == np.uint8
     assert batch["label"].shape == (8,) and batch["size"].shape == (8, 2)
     assert (batch["size"].max(axis=1) == 40).all()  # the longer side is the host size
-  on_devices = next(streaming.prefetch_to_devices(iter(batches), depth=2))
+  on_devices = next(inputs.prefetch_to_devices(iter(batches), depth=2))
   assert set(on_devices) == {"image", "size", "label"}  # "skipped" stays on the host
   assert on_devices["image"].shape == (8, 1, 40, 40, 3)  # [devices, per_device_batch, ...]
   assert len(on_devices["image"].sharding.device_set) == 8

@@ -13,7 +13,7 @@ from jax import lax
 
 from research import augment, configuration, inputs, models, steps
 from research.data import ImageDataset
-from research.models import _layers
+from research.models import layers
 from research.placement import first_replica, replicate
 from research.steps import AXIS, create_train_state, train_step
 from research.train import setup
@@ -26,12 +26,19 @@ def _vgg():
   return models.create(config, AXIS)
 
 
+def _as_given(step, batch):
+  """The step's examples as they are in its batch: (images_u8, labels, rng), no padding."""
+  del step
+  return (*batch, None)
+
+
 def _one_step(state, images_u8, labels, n_devices):
   """One pmapped step over the first `n_devices`, the global batch split evenly."""
   devices = jax.local_devices()[:n_devices]
   step = jax.pmap(
     functools.partial(
       train_step,
+      gather=_as_given,
       augment=augment.build("standardize"),  # deterministic, so both runs see the same pixels
       num_classes=10,
       label_smoothing=0.0,
@@ -42,9 +49,8 @@ def _one_step(state, images_u8, labels, n_devices):
   )
   split = lambda x: x.reshape(n_devices, -1, *x.shape[1:])  # [devices, per_device_batch, ...]
   rngs = np.broadcast_to(jax.random.key_data(jax.random.key(1)), (n_devices, 2))
-  new_state, metrics = step(
-    replicate(state, devices), split(images_u8), split(labels), jax.random.wrap_key_data(rngs)
-  )
+  batch = (split(images_u8), split(labels), jax.random.wrap_key_data(rngs))
+  new_state, metrics = step(replicate(state, devices), batch)
   return first_replica(new_state), first_replica(metrics)
 
 
@@ -80,6 +86,7 @@ def test_params_changed_and_replicas_agree(batch):
   step = jax.pmap(
     functools.partial(
       train_step,
+      gather=_as_given,
       augment=augment.build("crop(4)|flip_lr|standardize"),  # random, different per device
       num_classes=10,
       label_smoothing=0.0,
@@ -92,7 +99,7 @@ def test_params_changed_and_replicas_agree(batch):
     np.broadcast_to(jax.random.key_data(jax.random.key(1)), (len(devices), 2))
   )
   new_rstate, _ = step(
-    replicate(state), images.reshape(8, 4, 32, 32, 3), labels.reshape(8, 4), rngs
+    replicate(state), (images.reshape(8, 4, 32, 32, 3), labels.reshape(8, 4), rngs)
   )
   per_device = jax.device_get(new_rstate.params)
   for leaf in jax.tree.leaves(per_device):
@@ -107,18 +114,9 @@ def test_resident_batches_take_each_example_once_per_epoch_in_a_new_order():
   data = ImageDataset("synthetic", "test", images, labels, images[:8], labels[:8], 48)
   config = configuration.load("configs/cifar_keras_cnn.py:smoke")
   config.update(batch_size=16, eval_batch_size=8)
-  resident = inputs.resident(
-    config,
-    data,
-    step_kwargs={"augment": augment.build("standardize")},
-    preprocess=augment.build("standardize"),
-    keys=tuple(jax.random.split(jax.random.key(0))),
-    per_device_batch=2,
-  )
-  gather = jax.pmap(
-    functools.partial(steps.resident_batch, step_key=jax.random.key(1), per_device_batch=2),
-    axis_name=AXIS,
-  )
+  shuffle_key, step_key = jax.random.split(jax.random.key(0))
+  resident = inputs.resident(config, data, 2, augment.build("standardize"), shuffle_key, step_key)
+  gather = jax.pmap(resident.gather, axis_name=AXIS)
   taken = lambda step, batch: np.asarray(gather(replicate(np.int32(step)), batch)[1])
   stream = resident.batches(0)
   seen = [taken(step, next(stream)) for step in range(9)]  # [8 devices, 2] each
@@ -134,13 +132,13 @@ def test_resident_batches_take_each_example_once_per_epoch_in_a_new_order():
 def test_micro_batches_take_the_steps_of_the_whole_batch_dropout_included():
   config = configuration.load("configs/cifar_keras_cnn.py:smoke")  # dropout 0.25 and 0.5
   config.batch_size = 256  # 32 per device: the CPU default splits it into 2 micro-batches
-  run = setup(config)
-  assert run.micro_batch == 16
-  whole = functools.partial(run.inputs.train_step, micro_batch=None)
+  training = setup(config)
+  assert training.micro_batch == 16
+  whole = functools.partial(training.train_step, micro_batch=None)
   curves = []
-  for step in (run.inputs.train_step, whole):
+  for step in (training.train_step, whole):
     p_step = jax.pmap(step, axis_name=AXIS)
-    rstate, shard, losses = replicate(run.state), next(run.inputs.batches(0)), []
+    rstate, shard, losses = replicate(training.state), next(training.inputs.batches(0)), []
     for _ in range(3):
       rstate, metrics = p_step(rstate, shard)
       losses.append([first_replica(metrics)[k] for k in ("loss", "grad_norm")])
@@ -150,8 +148,8 @@ def test_micro_batches_take_the_steps_of_the_whole_batch_dropout_included():
   np.testing.assert_allclose(micro_curve[:, 0], whole_curve[:, 0], rtol=1e-5)
   np.testing.assert_allclose(micro_curve[:, 1], whole_curve[:, 1], rtol=1e-4)  # gradient size
   # RMSprop divides by the gradient's own size, so float noise in a near-zero gradient moves a
-  # weight by up to ~lr (seen: 41 of 1,250,858 weights by over 1e-5, the largest 6.5e-4).
-  # (Tried: halving the second micro-batch's gradient changes the losses by up to 31%.)
+  # weight by up to ~lr: a few weights in a million differ by more than 1e-5. A wrong split
+  # (the second micro-batch's gradient halved) changes the losses themselves by far more.
   micro, whole = (
     np.concatenate([x.ravel() for x in jax.tree.leaves(p)]) for p in (micro_params, whole_params)
   )
@@ -167,7 +165,7 @@ def test_micro_batches_take_the_steps_of_the_whole_batch_dropout_included():
 def test_the_cpu_convolution_has_xla_s_value_and_gradients(size, kernel, strides, padding):
   images = jax.random.normal(jax.random.key(0), (4, size, size, 5))
   grads = []
-  for conv_fn in (lax.conv_general_dilated, _layers.conv_general_dilated):
+  for conv_fn in (lax.conv_general_dilated, layers.conv_general_dilated):
     conv = flax.linen.Conv(6, kernel, strides, padding, conv_general_dilated=conv_fn)
     params = conv.init(jax.random.key(1), images)
     loss = lambda p, x, conv=conv: jnp.sum(jnp.sin(conv.apply(p, x)))
@@ -186,8 +184,24 @@ def test_the_cpu_max_pool_has_xla_s_value_and_gradient_ties_included(size):
   weights = jax.random.normal(jax.random.key(1), (size // 2, size // 2, 8))
   losses = [
     lambda x: jnp.sum(jnp.sin(flax.linen.max_pool(x, (2, 2), strides=(2, 2)) * weights)),
-    lambda x: jnp.sum(jnp.sin(_layers.max_pool(x, 2) * weights)),
+    lambda x: jnp.sum(jnp.sin(layers.max_pool(x, 2) * weights)),
   ]
   (value, grad), (ours, ours_grad) = [jax.value_and_grad(loss)(images) for loss in losses]
   assert ours == value
   np.testing.assert_array_equal(ours_grad, grad)
+
+
+@pytest.mark.parametrize(
+  "configured, per_device, batch_norm, backend, expected",
+  [
+    (0, 256, False, "cpu", 16),  # auto: CPU convolutions run fastest on small batches
+    (0, 256, True, "cpu", 256),  # auto keeps BatchNorm's statistics over the device batch
+    (0, 256, False, "gpu", 256),  # accelerators run the whole batch
+    (0, 24, False, "cpu", 24),  # 16 does not divide 24
+    (8, 256, True, "gpu", 8),  # configured: always as given
+  ],
+)
+def test_the_micro_batch_is_auto_chosen_or_as_configured(
+  configured, per_device, batch_norm, backend, expected
+):
+  assert steps.micro_batch_size(configured, per_device, batch_norm, backend) == expected

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from research import configuration, main, train, validate
+from research import configuration, inputs, main, validate
 from research.errors import UserError
 from research.train import train_and_evaluate
 
@@ -61,24 +61,6 @@ def test_a_micro_batch_that_does_not_divide_the_device_batch_is_an_error():
     validate.train_config(config, 8)
 
 
-@pytest.mark.parametrize(
-  "configured, per_device, batch_norm, backend, expected",
-  [
-    (0, 256, False, "cpu", 16),  # auto: CPU convolutions run fastest on small batches
-    (0, 256, True, "cpu", 256),  # auto keeps BatchNorm's statistics over the device batch
-    (0, 256, False, "gpu", 256),  # accelerators run the whole batch
-    (0, 24, False, "cpu", 24),  # 16 does not divide 24
-    (8, 256, True, "gpu", 8),  # configured: always as given
-  ],
-)
-def test_the_micro_batch_is_auto_chosen_or_as_configured(
-  configured, per_device, batch_norm, backend, expected
-):
-  config = configuration.load(SMOKE)
-  config.micro_batch_size = configured
-  assert validate.micro_batch(config, per_device, batch_norm, backend) == expected
-
-
 def test_a_scaling_report_checks_every_device_count_before_the_first_runs():
   config = configuration.load(SMOKE)
   config.update(scaling_report=True, scaling_strong=True, batch_size=18, eval_batch_size=18)
@@ -131,7 +113,7 @@ def test_a_workdir_that_is_a_file_is_an_error_before_the_data_is_loaded(
   if not workdir.exists():
     workdir = tmp_path / "file" / "run"
   loaded = []
-  monkeypatch.setattr(train, "_make_inputs", lambda *a, **k: loaded.append(1))
+  monkeypatch.setattr(inputs, "make", lambda *a, **k: loaded.append(1))
   with pytest.raises(UserError, match=message):
     main.run(["--config", SMOKE, f"--workdir={workdir}"])
   assert not loaded

@@ -7,31 +7,25 @@
         (aspect ratio kept), edge-pad to a square so batches stack, remember the valid size
       → batches: image uint8 [per-process batch, S, S, 3], size int32 [.., 2], label
       → `prefetch` batches in flight to the devices while the current step runs.
-Random crops (sampled inside each image's valid size, so the crop sees its true aspect
-ratio), flips and colour distortions then run on device inside the step (research/augment.py).
-Batch k of the stream is a function of (seed, k), so a resumed run starts the stream at its
-step and sees exactly the batches an uninterrupted run would.
+This module is the host side only; research/inputs.py sends the batches to the devices, and
+random crops (sampled inside each image's valid size, so the crop sees its true aspect ratio),
+flips and colour distortions run on device inside the step (research/augment.py). Batch k of
+the stream is a function of (seed, k), so a resumed run starts the stream at its step and sees
+exactly the batches an uninterrupted run would.
 """
 
-import collections
-import functools
 import itertools
 
 import grain
-import jax
 import numpy as np
 from absl import flags
 from PIL import Image
 
-from research import environment, steps
+from research import environment
 from research.data import fingerprint, folder
 from research.errors import UserError
-from research.inputs import Inputs, check_shard
-from research.placement import first_replica, replicate, to_devices
-from research.steps import AXIS
 
 EVAL_SPLIT = {"imagenet2012": "validation", "imagenette": "validation"}
-DEVICE_KEYS = ("image", "size", "label", "mask")  # what a batch sends to the devices
 
 
 def open_source(name: str, split: str, data_dir: str):
@@ -103,9 +97,11 @@ def sources(config, scanned: folder.Folder | None = None) -> tuple:
   )
 
 
-def process_share(source, seed: int, shuffle: bool) -> grain.MapDataset:
-  """This process's records (every process_count-th), shuffled per epoch if asked."""
-  ds = grain.MapDataset.source(source)[jax.process_index() :: jax.process_count()]
+def process_share(source, seed: int, shuffle: bool, share=(0, 1)) -> grain.MapDataset:
+  """Process `share[0]`'s records of `share[1]` processes (every share[1]-th, from its index),
+  shuffled anew every epoch if asked."""
+  index, count = share
+  ds = grain.MapDataset.source(source)[index::count]
   return ds.shuffle(seed) if shuffle else ds
 
 
@@ -124,31 +120,11 @@ def batch_stream(ds: grain.MapDataset, batch: int, start: int, workers: int):
   return _iterate(ds.batch(batch, drop_remainder=True)[start:], workers)
 
 
-def prefetch_to_devices(batches, depth: int, on_host=None):
-  """Keeps `depth` batches on their way to the devices ahead of the one handed out.
-
-  Only DEVICE_KEYS travel; `on_host(batch)` sees each whole numpy batch first (counters).
-  """
-  n_local = jax.local_device_count()
-  split = lambda x: x.reshape(n_local, -1, *x.shape[1:])  # [devices, per_device, ...]
-  queue = collections.deque()
-  try:
-    for batch in batches:
-      if on_host:
-        on_host(batch)
-      queue.append({k: to_devices(split(v)) for k, v in batch.items() if k in DEVICE_KEYS})
-      if len(queue) > depth:
-        yield queue.popleft()
-    yield from queue
-  finally:  # stop grain's worker processes and free their shared memory now, not at exit
-    getattr(batches, "close", lambda: None)()
-
-
-def eval_batches(source, per_process_batch: int, workers: int):
+def eval_batches(source, per_process_batch: int, workers: int, share=(0, 1)):
   """The whole eval split, every process the same number of batches, padding masked out."""
-  per_process = -(-len(source) // jax.process_count())
+  per_process = -(-len(source) // share[1])
   n_batches = -(-per_process // per_process_batch)
-  stream = _iterate(process_share(source, 0, shuffle=False), workers)
+  stream = _iterate(process_share(source, 0, shuffle=False, share=share), workers)
   try:
     for _ in range(n_batches):
       records = list(itertools.islice(stream, per_process_batch))
@@ -160,59 +136,3 @@ def eval_batches(source, per_process_batch: int, workers: int):
       yield batch
   finally:
     stream.close()  # stop the workers now
-
-
-def inputs(config, *, step_kwargs, preprocess, keys, per_device_batch, scanned=None) -> Inputs:
-  """A streamed dataset as the training loop sees it (`scanned`: the folder, if already read)."""
-  _, step_key = keys  # shuffling is grain's, from config.seed
-  n_devices, n_local = jax.device_count(), jax.local_device_count()
-  train_source, eval_source, description, content = sources(config, scanned)
-  per_process = per_device_batch * n_local
-  shard_size = check_shard(config, len(train_source), n_devices, per_device_batch)
-  train_ds = process_share(train_source, config.seed, shuffle=True).repeat(None)
-  skipped = [0]  # undecodable files passed over so far (skip_bad_images), counted on the host
-
-  def count_skipped(batch):
-    skipped[0] += int(batch["skipped"].sum())
-
-  def batches(start_step):
-    stream = batch_stream(train_ds, per_process, start_step, config.data_workers)
-    return prefetch_to_devices(stream, config.prefetch, count_skipped)
-
-  p_eval = jax.pmap(functools.partial(steps.streamed_eval, preprocess=preprocess), axis_name=AXIS)
-  eval_per_process = config.eval_batch_size // jax.process_count()
-
-  def evaluate(rstate):
-    totals = replicate(jax.device_get(steps.zero_totals()))  # summed on device, fetched once
-    stream = eval_batches(eval_source, eval_per_process, config.data_workers)
-    for batch in prefetch_to_devices(stream, config.prefetch):
-      totals = p_eval(rstate, batch, totals)
-    return first_replica(totals)
-
-  augment = step_kwargs["augment"]
-  p_preview = jax.pmap(
-    lambda batch, rng: augment(steps.device_rngs(rng)[0], batch["image"], batch["size"])[:8],
-    axis_name=AXIS,
-  )
-
-  def preview(step, batch):
-    rngs = replicate(np.asarray(jax.random.key_data(jax.random.fold_in(step_key, step))))
-    out = p_preview(batch, jax.random.wrap_key_data(rngs))
-    local = np.concatenate([np.asarray(s.data) for s in out.addressable_shards[:4]])
-    return local.reshape(-1, *local.shape[2:])
-
-  size = config.host_image_size
-  return Inputs(
-    name=config.dataset,
-    source=description,
-    fallback_reason="",
-    fingerprint=content,
-    num_classes=config.model.num_classes,
-    example_shape=(size, size, 3),
-    steps_per_epoch=shard_size // per_device_batch,
-    train_step=functools.partial(steps.streamed_train_step, step_key=step_key, **step_kwargs),
-    batches=batches,
-    evaluate=evaluate,
-    preview=preview,
-    skipped_images=lambda: skipped[0],
-  )

@@ -4,7 +4,7 @@ Each model module defines `create(model_config, axis_name) -> flax.linen.Module`
 is called as `model.apply(variables, images, train=...)` on float images [batch, H, W, C]
 and returns logits [batch, num_classes] (Inception-v3 in training returns
 `(logits, aux_logits)`). `axis_name` is given to BatchNorm so statistics are averaged across
-replicas; it is None outside pmap.
+replicas; it is None outside pmap. `layers.py` holds the layers models share; it is no model.
 """
 
 import importlib
@@ -14,11 +14,12 @@ import flax.linen as nn
 import ml_collections
 
 from research.errors import UserError
-from research.models._layers import EXAMPLES  # noqa: F401 (steps pass example positions in it)
+from research.models.layers import EXAMPLES  # noqa: F401 (steps pass example positions in it)
 
 
 def available() -> list[str]:
-  return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+  names = (m.name for m in pkgutil.iter_modules(__path__))
+  return sorted(n for n in names if not n.startswith("_") and n != "layers")
 
 
 def create(model_config: ml_collections.ConfigDict, axis_name: str | None) -> nn.Module:

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from research.errors import UserError
-from research.models import _layers
+from research.models import layers
 
 
 class ConvBN(nn.Module):
@@ -37,7 +37,7 @@ class ConvBN(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    x = _layers.Conv(
+    x = layers.Conv(
       self.features,
       self.kernel,
       strides=self.strides,
@@ -172,7 +172,7 @@ class InceptionV3(nn.Module):
       )
 
     x = x.mean(axis=(1, 2))  # global average pool: [batch, 2048]
-    x = _layers.Dropout(self.dropout_rate, deterministic=not train)(x)
+    x = layers.Dropout(self.dropout_rate, deterministic=not train)(x)
     logits = nn.Dense(self.num_classes, dtype=self.dtype, name="logits")(x).astype(jnp.float32)
     return (logits, aux.astype(jnp.float32)) if train and aux is not None else logits
 

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from research.errors import UserError
-from research.models import _layers
+from research.models import layers
 
 # Channels per conv; "M" is a 2×2 max-pool. Five pools take 32×32 down to 1×1.
 STAGES = {
@@ -44,10 +44,10 @@ class VGG(nn.Module):
     x = x.astype(self.dtype)
     for layer in STAGES[self.depth]:
       if layer == "M":
-        x = _layers.max_pool(x, 2)
+        x = layers.max_pool(x, 2)
       else:
         features = max(1, round(layer * self.width))
-        x = _layers.Conv(features, (3, 3), use_bias=False, dtype=self.dtype)(x)
+        x = layers.Conv(features, (3, 3), use_bias=False, dtype=self.dtype)(x)
         x = nn.relu(norm()(x))
     x = x.reshape((x.shape[0], -1))  # [batch, channels]
     return nn.Dense(self.num_classes, dtype=self.dtype)(x)

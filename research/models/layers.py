@@ -1,19 +1,21 @@
-"""Layers the models share: convolution and pooling that run well on CPU, dropout that
-micro-batches.
+"""Layers the models share: convolution and pooling in forms that run faster on CPU, dropout
+that micro-batches.
 
-Profiled on a 2-core CPU (Keras CIFAR CNN, batch 128, per example): forward convolutions
-1.9 ms, input gradients 0.5 ms, KERNEL gradients 7.8 ms. XLA:CPU lowers the kernel gradient
-to a convolution whose contraction runs over batch × height × width, and it slows down as
-the batch grows. Here that gradient is one matrix product instead: the kh × kw shifted
-(strided) views of the padded input, stacked channels-first, times the output gradient,
-contracting batch and space (3.4× faster at batch 128, 1.9× at 16, same value to float
-rounding). The forward pass and the input gradient stay XLA's.
+On CPU (tests, smoke runs, CI, laptops), `Conv` and `max_pool` take other forms of the same
+computation where XLA:CPU's own is slow; each form has the same values and gradients to
+float rounding (tests/test_train_step.py) and is kept only while it gains at least 5% in a
+shipped default step (docs/cpu_step.md says why each is faster; BENCHMARKS.md, what each
+gains). Elsewhere (cuDNN on GPU) they are `nn.Conv` and `nn.max_pool` unchanged.
 
-`Conv` is `nn.Conv` with that kernel gradient when JAX runs on CPU; elsewhere (cuDNN on
-GPU) it is `nn.Conv` unchanged. Dilated, grouped or non-NHWC convolutions always use XLA's.
-At stride 1, a convolution with less than SAME padding (VALID) runs as a SAME one cropped:
-XLA:CPU ran the VALID forward pass ~3× slower per example than the SAME one of equal size.
+- kernel_gradient: the kernel's gradient is one matrix product, the kh × kw shifted views
+  of the padded input stacked channels-first times the output gradient, where XLA:CPU runs a
+  convolution over batch × height × width. Dilated, grouped or non-NHWC convolutions use XLA's.
+- small_input: a convolution whose kernel is larger than its input (3×3 on 2×2) is the same
+  product of views, where XLA:CPU runs a generic loop.
+- max_pool_gradient: the gradient of a non-overlapping max-pool is a select per window,
+  where XLA:CPU scatters through index arrays.
 
+`without(*forms)` traces models with XLA's own ops instead (the benchmarks' baseline).
 `Dropout` draws each example's mask from the step's key and the example's index in the
 device batch, so a step that splits its batch into micro-batches (research/steps.py) drops
 exactly the units the whole batch would.
@@ -34,10 +36,9 @@ def _patches(lhs, kernel_hw, strides, pads):
   """The input pixels each kernel tap multiplies, stacked channels-first: [kh*kw*C, B, Ho, Wo].
 
   The input is moved channels-first by a product with the identity (exact: each output is one
-  input times 1 plus zeros; an inf would make NaNs of its pixel's other channels). A product
-  is never fused into its consumers, so the input is transposed once and each tap is a plain
-  slice of it. A transpose instead was fused into all kh*kw slices, and an
-  `optimization_barrier` did not stop that on XLA:CPU.
+  input times 1 plus zeros; an inf would make NaNs of its pixel's other channels). XLA never
+  fuses a product into its consumers, so the input is transposed once and each tap is a plain
+  slice of it; XLA:CPU fuses a transpose into every slice instead.
   """
   (kh, kw), (sh, sw) = kernel_hw, strides
   no_pad = (0, 0, 0)
@@ -57,20 +58,16 @@ def _patches(lhs, kernel_hw, strides, pads):
 
 
 def _forward(lhs, rhs, strides, pads, precision):
-  """The convolution, in the form XLA:CPU runs fastest for its shape."""
+  """The convolution: XLA's, or for a kernel larger than the input the patches' product."""
   kh, kw, channels, features = rhs.shape
-  if lhs.shape[1] < kh or lhs.shape[2] < kw:  # e.g. 3×3 on 2×2: XLA's generic loop, ~100× slower
+  small = lhs.shape[1] < kh or lhs.shape[2] < kw
+  if small and _uses("small_input"):
     patches = _patches(lhs, (kh, kw), strides, pads)
     kernel = rhs.reshape(kh * kw * channels, features)
     return lax.dot_general(patches, kernel, (((0,), (0,)), ((), ())), precision=precision)
-  conv = functools.partial(lax.conv_general_dilated, dimension_numbers=NHWC, precision=precision)
-  same = [((k - 1) // 2, k // 2) for k in (kh, kw)]
-  extra = [(s[0] - p[0], s[1] - p[1]) for s, p in zip(same, pads, strict=True)]
-  if strides != (1, 1) or min(min(e) for e in extra) < 0 or max(max(e) for e in extra) == 0:
-    return conv(lhs, rhs, strides, pads)
-  out = conv(lhs, rhs, (1, 1), same)  # stride 1, less than SAME padding: SAME, cropped
-  (top, bottom), (left, right) = extra
-  return out[:, top : out.shape[1] - bottom, left : out.shape[2] - right]
+  return lax.conv_general_dilated(
+    lhs, rhs, strides, pads, dimension_numbers=NHWC, precision=precision
+  )
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
@@ -134,31 +131,34 @@ def conv_general_dilated(
   if isinstance(padding, str):
     padding = lax.padtype_to_pads(lhs.shape[1:3], rhs.shape[:2], window_strides, padding)
   pads = tuple(tuple(int(p) for p in pair) for pair in padding)
+  if not _uses("kernel_gradient"):  # XLA differentiates the forward form
+    return _forward(lhs, rhs, tuple(window_strides), pads, precision)
   return _conv(lhs, rhs, tuple(window_strides), pads, precision)
 
 
-_xla_only = False  # set by plain_xla()
+CPU_FORMS = ("kernel_gradient", "small_input", "max_pool_gradient")
+_off: set = set()  # forms switched off by `without`
 
 
-def _cpu_forms() -> bool:
-  """Whether layers use their CPU forms: on CPU, outside `plain_xla()`."""
-  return jax.default_backend() == "cpu" and not _xla_only
+def _uses(form: str) -> bool:
+  """Whether layers traced now use their CPU `form`: on CPU, unless `without` switched it off."""
+  return jax.default_backend() == "cpu" and form not in _off
 
 
 @contextlib.contextmanager
-def plain_xla():
-  """Models traced inside use XLA's own convolution and pooling on CPU too (the baseline)."""
-  global _xla_only
-  _xla_only = True
+def without(*forms: str):
+  """Models traced inside use XLA's own ops instead of these CPU forms (default: all of them):
+  the baselines the benchmarks measure the forms against."""
+  _off.update(forms or CPU_FORMS)
   try:
     yield
   finally:
-    _xla_only = False
+    _off.clear()
 
 
 def Conv(*args, **kwargs) -> nn.Conv:  # noqa: N802 (a module constructor, like nn.Conv)
-  """`nn.Conv`, with the faster kernel gradient when JAX runs on CPU."""
-  if _cpu_forms():
+  """`nn.Conv`, in its CPU forms when JAX runs on CPU."""
+  if any(_uses(form) for form in ("kernel_gradient", "small_input")):
     kwargs.setdefault("conv_general_dilated", conv_general_dilated)
   return nn.Conv(*args, **kwargs)
 
@@ -222,11 +222,8 @@ _max_pool.defvjp(_max_pool_fwd, _max_pool_bwd)
 
 
 def max_pool(x, window: int):
-  """`nn.max_pool` with window = stride (non-overlapping), VALID; its gradient as a mask.
-
-  XLA:CPU computes the max-pool gradient with a scatter over index arrays the size of the
-  input (18% of the Keras CNN's CPU step); the same gradient is a select per window here.
-  """
-  if _cpu_forms():
+  """`nn.max_pool` with window = stride (non-overlapping), VALID; on CPU its gradient is a
+  select per window (`_max_pool_bwd`)."""
+  if _uses("max_pool_gradient"):
     return _max_pool(x, window)
   return nn.max_pool(x, (window, window), strides=(window, window))
