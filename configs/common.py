@@ -54,6 +54,10 @@ def training_defaults() -> ml_collections.ConfigDict:
   c.weight_decay = 0.0  # L2 on conv/dense kernels only, added to the gradient
   c.grad_clip_norm = 0.0  # clip the global gradient norm; 0 = off
   c.label_smoothing = 0.0
+  c.loss_reduction = "mean"  # over the global batch; "sum": the mean times the global batch
+  # Groups of parameters with their own optimizer, lr, weight decay, schedule length, or
+  # "frozen": {name: dict(match=REGEX, ...)}, fields in research/optim.py. Empty: one group.
+  c.param_groups = ml_collections.ConfigDict()
   c.aux_loss_weight = 0.4  # weight of an auxiliary head's loss (Inception); unused otherwise
 
   # Logging and evaluation.

@@ -13,10 +13,20 @@ sends the valid (height, width) as `sizes`. Window ops (`@register(name, window=
 `inception_crop`, `central_crop`) return `op(rng, image, valid)` with `valid` the float32
 (height, width) of the true image; they read only inside it and output a whole image, so
 they must come first in a pipeline and everything after them never sees the padding.
+
+Context ops (`@register(name, context=True)`: `flip_alternating`) return
+`op(rng, image, context)`: `context.epoch` is the training epoch and `context.key` a key that
+belongs to the example itself (its index in the dataset, with the seed), the same in every
+epoch and on any number of devices; resident data gives each example its index, streamed data
+each example of each step a new one. A views op (`@register(name, views=True)`: `tta`) ends an
+`eval_preprocess`: it returns `Views(fn, weights)` with `fn(image) -> [V, H, W, C]`; the eval
+averages the model's logits over the V views with those weights, and periodic evals use the
+first view (the image as the ops before it leave it).
 """
 
 import ast
 import difflib
+import functools
 import inspect
 from collections.abc import Callable
 from typing import NamedTuple
@@ -28,17 +38,35 @@ from research.errors import UserError
 
 Op = Callable[[jax.Array, jax.Array], jax.Array]  # op(rng, image) -> image
 WindowOp = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]  # op(rng, image, valid)
-_REGISTRY: dict[str, Callable[..., Op | WindowOp]] = {}
+_REGISTRY: dict[str, Callable] = {}
 _WINDOW_OPS: set[str] = set()  # names whose ops read only the valid (height, width) region
+_CONTEXT_OPS: set[str] = set()  # names whose ops take the Context
+_VIEWS_OPS: set[str] = set()  # names whose factories return Views
 
 
-def register(name: str, window: bool = False):
-  """Registers an op factory under `name`; `window=True` if its ops take the valid size."""
+class Context(NamedTuple):
+  """What a context op sees besides its key and image."""
+
+  epoch: jax.Array  # int32: the training epoch (0 in eval)
+  key: jax.Array  # the example's own key: the same in every epoch
+
+
+class Views(NamedTuple):
+  """A views op: `fn(image) -> [V, H, W, C]`, and the weight of each view's logits."""
+
+  fn: Callable[[jax.Array], jax.Array]
+  weights: tuple[float, ...]
+
+
+def register(name: str, window: bool = False, context: bool = False, views: bool = False):
+  """Registers an op factory under `name`: `window=True` if its ops take the valid size,
+  `context=True` if they take the Context, `views=True` if it returns Views."""
 
   def wrap(factory):
     _REGISTRY[name] = factory
-    if window:
-      _WINDOW_OPS.add(name)
+    for flag, names in ((window, _WINDOW_OPS), (context, _CONTEXT_OPS), (views, _VIEWS_OPS)):
+      if flag:
+        names.add(name)
     return factory
 
   return wrap
@@ -81,6 +109,57 @@ def flip_lr() -> Op:
     return jnp.where(jax.random.bernoulli(rng), image[:, ::-1, :], image)
 
   return op
+
+
+@register("flip_alternating", context=True)
+def flip_alternating() -> Callable:
+  """airbench's alternating flip: each example is mirrored or not at random once (by its own
+  key), and every odd epoch mirrors the whole set, so over two epochs each example is seen
+  both ways."""
+
+  def op(rng, image, context):
+    del rng
+    flip = jax.random.bernoulli(context.key) ^ (context.epoch % 2 == 1)
+    return jnp.where(flip, image[:, ::-1, :], image)
+
+  return op
+
+
+@register("normalize")
+def normalize(dataset: str = "cifar10") -> Op:
+  """Subtracts the dataset's per-channel mean and divides by its standard deviation (of the
+  [0, 1] pixels): the statistics of NORMALIZE's datasets."""
+  if dataset not in NORMALIZE:
+    raise UserError(f"normalize({dataset!r}): known datasets are {', '.join(NORMALIZE)}")
+  mean, std = (jnp.array(v, jnp.float32) for v in NORMALIZE[dataset])
+
+  def op(rng, image):
+    del rng
+    return (image - mean) / std
+
+  return op
+
+
+NORMALIZE = {  # per-channel (mean, std) of the training images, RGB in [0, 1]
+  "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+}
+
+
+@register("tta", views=True)
+def tta(translate: int = 1) -> Views:
+  """airbench's test-time augmentation: the image and its mirror (weights 1/4 each), and both
+  again translated by `translate` pixels up-left and down-right with reflected edges (1/8
+  each). The first view is the image itself."""
+
+  def fn(image):
+    h, w, _ = image.shape
+    t = translate
+    padded = jnp.pad(image, ((t, t), (t, t), (0, 0)), mode="reflect")
+    shifted = [padded[:h, :w], padded[2 * t : 2 * t + h, 2 * t : 2 * t + w]]
+    views = [image, image[:, ::-1]] + [v for s in shifted for v in (s, s[:, ::-1])]
+    return jnp.stack(views)
+
+  return Views(fn, (0.25, 0.25, 0.125, 0.125, 0.125, 0.125))
 
 
 @register("brightness")
@@ -302,10 +381,12 @@ def color_distort(
 
 
 class Step(NamedTuple):
-  """One parsed op; `window` ops take the valid (height, width) as a third argument."""
+  """One parsed op; `window` ops take the valid (height, width) as a third argument,
+  `context` ops the Context."""
 
-  op: Op | WindowOp
+  op: Callable
   window: bool
+  context: bool = False
 
 
 def _usage(name: str) -> str:
@@ -371,38 +452,70 @@ def parse(spec: str) -> list[Step]:
       )
     if name in _WINDOW_OPS and steps:
       raise UserError(f"augmentation op {part!r} must be first: ops before it would see padding")
+    if steps and isinstance(steps[-1].op, Views):
+      raise UserError(f"augmentation op {part!r} comes after a views op, which must be last")
     args = [_literal(part, node, name) for node in call.args]
     kwargs = {k.arg: _literal(part, k.value, name) for k in call.keywords}
-    steps.append(Step(_REGISTRY[name](**_checked(part, name, args, kwargs)), name in _WINDOW_OPS))
+    op = _REGISTRY[name](**_checked(part, name, args, kwargs))
+    steps.append(Step(op, name in _WINDOW_OPS, name in _CONTEXT_OPS))
   return steps
 
 
-def build(spec: str) -> Callable[..., jax.Array]:
-  """Returns `augment(rng, images_u8 [B, S, S, C], sizes=None) -> float32 [B, H, W, C]`.
+def identity_key(seed: int) -> jax.Array:
+  """The key examples' own keys come from (Context.key): one per run, apart from the others."""
+  return jax.random.fold_in(jax.random.key(seed), 3)
+
+
+def build(spec: str, seed: int = 0) -> Callable[..., jax.Array]:
+  """Returns `augment(rng, images_u8 [B, S, S, C], sizes=None, *, epoch=0, ids=None)`:
+  float32 [B, H, W, C], or [V, B, H, W, C] for a pipeline that ends in a views op.
 
   `sizes` (int [B, 2]) is each image's valid (height, width) at the top-left of its padded
   array; None means every image is whole. Only a pipeline that starts with a window op
-  accepts sizes, since any other op would see the padding.
+  accepts sizes, since any other op would see the padding. `ids` (int [B]) identify the
+  examples for context ops (None: their positions in the batch); `epoch` is the epoch.
+  The function's `weights` are its views' weights (None without views) and `first_view` is
+  the pipeline whose output is the first view alone.
   """
   steps = parse(spec)
   windowed = bool(steps) and steps[0].window
+  views = steps.pop() if steps and isinstance(steps[-1].op, Views) else None
+  base_key = identity_key(seed)
 
-  def one(rng, image, valid):
+  def one(rng, image, valid, context, all_views):
     for step, key in zip(steps, jax.random.split(rng, max(len(steps), 1)), strict=False):
-      image = step.op(key, image, valid) if step.window else step.op(key, image)
-    return image
+      if step.window:
+        image = step.op(key, image, valid)
+      elif step.context:
+        image = step.op(key, image, context)
+      else:
+        image = step.op(key, image)
+    return views.op.fn(image) if views and all_views else image
 
-  def augment(rng, images_u8, sizes=None):
-    if sizes is not None and not windowed:
-      raise UserError(
-        f"augmentation {spec!r} gets padded images but does not start with a window op "
-        f"({', '.join(sorted(_WINDOW_OPS))}), so its ops would see the padding"
+  def pipeline(all_views):
+    def augment(rng, images_u8, sizes=None, *, epoch=0, ids=None):
+      if sizes is not None and not windowed:
+        raise UserError(
+          f"augmentation {spec!r} gets padded images but does not start with a window op "
+          f"({', '.join(sorted(_WINDOW_OPS))}), so its ops would see the padding"
+        )
+      images = images_u8.astype(jnp.float32) / 255.0  # [B, S, S, C]
+      n = images.shape[0]
+      if sizes is None:
+        sizes = jnp.broadcast_to(jnp.array(images.shape[1:3]), (n, 2))
+      valid = jnp.asarray(sizes, jnp.float32)  # [B, 2]
+      ids = jnp.arange(n) if ids is None else ids
+      keys = jax.vmap(jax.random.fold_in, (None, 0))(base_key, ids)
+      contexts = Context(jnp.broadcast_to(jnp.asarray(epoch, jnp.int32), (n,)), keys)
+      out = jax.vmap(functools.partial(one, all_views=all_views))(
+        jax.random.split(rng, n), images, valid, contexts
       )
-    images = images_u8.astype(jnp.float32) / 255.0  # [B, S, S, C]
-    if sizes is None:
-      sizes = jnp.broadcast_to(jnp.array(images.shape[1:3]), (images.shape[0], 2))
-    valid = jnp.asarray(sizes, jnp.float32)  # [B, 2]
-    return jax.vmap(one)(jax.random.split(rng, images.shape[0]), images, valid)
+      return jnp.moveaxis(out, 1, 0) if views and all_views else out  # views first
 
-  augment.windowed = windowed  # whether it may be given padded images with their sizes
+    augment.windowed = windowed  # whether it may be given padded images with their sizes
+    augment.weights = views.op.weights if views and all_views else None
+    return augment
+
+  augment = pipeline(all_views=True)
+  augment.first_view = pipeline(all_views=False) if views else augment
   return augment

@@ -38,9 +38,11 @@ class Inputs:
   example_shape: tuple  # [H, W, C] uint8 as stored; the model sees augment(example)
   steps_per_epoch: int
   batches: Callable[[int], Iterator]  # first step -> device-ready batches, one per step
-  # For ONE device, inside the pmapped step: (step, its batch) -> (images_u8, labels, rng, sizes)
+  # For ONE device, inside the pmapped step: (step, its batch) -> steps.Examples
   gather: Callable
-  evaluate: Callable[[object], dict]  # replicated state -> eval totals on the host
+  # (replicated state, all_views) -> eval totals on the host; all_views=False: the first view
+  evaluate: Callable[[object, bool], dict]
+  first_images: Callable[[int], np.ndarray] | None = None  # n -> the first n train images, uint8
   skipped_images: Callable[[], int] = lambda: 0  # undecodable files skipped so far
 
 
@@ -93,11 +95,20 @@ def resident_gather(step, batch, *, step_key, per_device_batch: int):
   """Step `step`'s examples, gathered on this device from its resident shard (never leaving it).
 
   batch: ((images_u8 [shard_size, H, W, C], labels [shard_size]), the epoch's `epoch_order`).
+  Each example's id is its index in the whole training split.
   """
   (images_u8, labels), order = batch
-  index_in_epoch = step % (order.shape[0] // per_device_batch)
-  idx = lax.dynamic_slice_in_dim(order, index_in_epoch * per_device_batch, per_device_batch)
-  return images_u8[idx], labels[idx], jax.random.fold_in(step_key, step), None
+  shard_size = order.shape[0]
+  steps_per_epoch = shard_size // per_device_batch
+  start = step % steps_per_epoch * per_device_batch
+  idx = lax.dynamic_slice_in_dim(order, start, per_device_batch)
+  return steps.Examples(
+    images_u8[idx],
+    labels[idx],
+    jax.random.fold_in(step_key, step),
+    epoch=step // steps_per_epoch,
+    ids=lax.axis_index(AXIS) * shard_size + idx,  # shards are consecutive slices of the split
+  )
 
 
 def resident_eval(state, shard, *, preprocess, per_device_batch: int):
@@ -110,7 +121,7 @@ def resident_eval(state, shard, *, preprocess, per_device_batch: int):
     return jax.tree.map(jnp.add, totals, sums), None
 
   starts = jnp.arange(0, labels.shape[0], per_device_batch)
-  totals, _ = lax.scan(one_batch, steps.zero_totals(), starts)
+  totals, _ = lax.scan(one_batch, steps.zero_totals(preprocess), starts)
   return lax.psum(totals, AXIS)
 
 
@@ -138,10 +149,17 @@ def resident(
   test = pad_for_eval(data.test_images, data.test_labels, config.eval_batch_size)
   test_shard = upload_shards(test, len(test[1]) // n_devices)
   eval_batch = config.eval_batch_size // n_devices
-  p_eval = jax.pmap(
-    functools.partial(resident_eval, preprocess=preprocess, per_device_batch=eval_batch),
-    axis_name=AXIS,
-  )
+  p_evals = {  # all views (the final eval), the first view (periodic evals)
+    all_views: jax.pmap(
+      functools.partial(
+        resident_eval,
+        preprocess=preprocess if all_views else preprocess.first_view,
+        per_device_batch=eval_batch,
+      ),
+      axis_name=AXIS,
+    )
+    for all_views in (True, False)
+  }
   return Inputs(
     name=data.name,
     source=data.source,
@@ -153,7 +171,8 @@ def resident(
     steps_per_epoch=steps_per_epoch,
     batches=batches,
     gather=functools.partial(resident_gather, step_key=step_key, per_device_batch=per_device_batch),
-    evaluate=lambda rstate: first_replica(p_eval(rstate, test_shard)),
+    evaluate=lambda rstate, all_views=True: first_replica(p_evals[all_views](rstate, test_shard)),
+    first_images=lambda n: data.train_images[:n],
     skipped_images=lambda: len(data.skipped_files),
   )
 
@@ -183,13 +202,23 @@ def prefetch_to_devices(batches, depth: int, on_host=None):
     getattr(batches, "close", lambda: None)()
 
 
-def streamed_gather(step, batch, *, step_key):
+def streamed_gather(step, batch, *, step_key, steps_per_epoch: int):
   """A streamed batch as it arrived on this device, with step `step`'s key.
 
   batch: image [per_device_batch, S, S, C] uint8, label [per_device_batch] int32 and, for
-  images padded to S × S, size [per_device_batch, 2] int32 (valid height, width).
+  images padded to S × S, size [per_device_batch, 2] int32 (valid height, width). Each
+  example's id is its place in the stream (a new one every step).
   """
-  return batch["image"], batch["label"], jax.random.fold_in(step_key, step), batch.get("size")
+  n = batch["label"].shape[0]
+  place = (step * lax.axis_size(AXIS) + lax.axis_index(AXIS)) * n + jnp.arange(n)
+  return steps.Examples(
+    batch["image"],
+    batch["label"],
+    jax.random.fold_in(step_key, step),
+    batch.get("size"),
+    epoch=step // steps_per_epoch,
+    ids=place,
+  )
 
 
 def streamed_eval(state, batch, totals, *, preprocess):
@@ -219,26 +248,31 @@ def streamed(config, per_device_batch: int, preprocess, step_key, scanned=None) 
     stream = streaming.batch_stream(train_ds, per_process, start_step, config.data_workers)
     return prefetch_to_devices(stream, config.prefetch, count_skipped)
 
-  p_eval = jax.pmap(functools.partial(streamed_eval, preprocess=preprocess), axis_name=AXIS)
   eval_per_process = config.eval_batch_size // share[1]
+  pipelines = {True: preprocess, False: preprocess.first_view}  # all views: the final eval
+  p_evals = {
+    all_views: jax.pmap(functools.partial(streamed_eval, preprocess=pipeline), axis_name=AXIS)
+    for all_views, pipeline in pipelines.items()
+  }
 
-  def evaluate(rstate):
-    totals = replicate(jax.device_get(steps.zero_totals()))  # summed on device, fetched once
+  def evaluate(rstate, all_views=True):
+    totals = replicate(jax.device_get(steps.zero_totals(pipelines[all_views])))  # on device
     stream = streaming.eval_batches(eval_source, eval_per_process, config.data_workers, share)
     for batch in prefetch_to_devices(stream, config.prefetch):
-      totals = p_eval(rstate, batch, totals)
+      totals = p_evals[all_views](rstate, batch, totals)
     return first_replica(totals)
 
   size = config.host_image_size
+  steps_per_epoch = shard_size // per_device_batch
   return Inputs(
     name=config.dataset,
     source=description,
     fallback_reason="",
     fingerprint=content,
     example_shape=(size, size, 3),
-    steps_per_epoch=shard_size // per_device_batch,
+    steps_per_epoch=steps_per_epoch,
     batches=batches,
-    gather=functools.partial(streamed_gather, step_key=step_key),
+    gather=functools.partial(streamed_gather, step_key=step_key, steps_per_epoch=steps_per_epoch),
     evaluate=evaluate,
     skipped_images=lambda: skipped[0],
   )

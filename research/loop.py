@@ -28,7 +28,7 @@ class Clock:
 
   def __init__(self):
     self.launch_start = self.interval_start = time.perf_counter()
-    self.input_wait = self.paused = 0.0
+    self.input_wait = self.paused = self.all_paused = 0.0
 
   def next_input(self, batches):
     """`next(batches)`, its wait counted: none for resident data, decoding lag when streamed."""
@@ -43,12 +43,17 @@ class Clock:
     start = time.perf_counter()
     yield
     self.paused += time.perf_counter() - start
+    self.all_paused += time.perf_counter() - start
 
   def since_interval(self) -> float:
     return time.perf_counter() - self.interval_start
 
   def since_launch(self) -> float:
     return time.perf_counter() - self.launch_start
+
+  def training(self) -> float:
+    """This launch's training time: its wall time less evals and checkpoints."""
+    return self.since_launch() - self.all_paused
 
   def close_interval(self) -> tuple[float, float]:
     """(training seconds, input wait seconds) since the last record; starts the next interval."""

@@ -38,9 +38,12 @@ def format_train_line(record: dict) -> str:
 
 
 def format_eval_line(record: dict) -> str:
+  views = record.get("eval_accuracy_first_view")
   return (
     f"eval at step {record['step']}: loss = {record['eval_loss']:.4f}, "
-    f"accuracy = {record['eval_accuracy']:.4f} over {record['eval_examples']} examples"
+    f"accuracy = {record['eval_accuracy']:.4f}"
+    + (f" with test-time augmentation ({views:.4f} without)" if views is not None else "")
+    + f" over {record['eval_examples']} examples"
   )
 
 

@@ -1,22 +1,47 @@
-"""Learning-rate schedules and optimizers from config fields (optax)."""
+"""Learning-rate schedules and optimizers from config fields (optax), with parameter groups.
+
+`config.param_groups` names groups of parameters, each a dict: `match`, a regular expression
+searched in each parameter's path (`group1/conv1/kernel`; the first group that matches takes
+the parameter), then the group's own `optimizer`, `learning_rate`, `weight_decay`, `momentum`,
+`nesterov` (unset: the config's), and `train_fraction` (its schedule runs over that share of
+training and its learning rate is 0 after). `optimizer` is one of OPTIMIZERS, or "frozen"
+(never updated), or "muon": momentum whose update is orthogonalised by Newton-Schulz
+iterations (`ns_steps`) per kernel, a kernel [kh, kw, in, out] taken as a matrix
+[kh·kw·in, out]; `normalize_weights=True` rescales each kernel to norm sqrt(out) before its
+update (airbench's Muon). Parameters no group matches use the config's own optimizer, with
+weight decay on kernels only. A group's weight decay applies to all its parameters.
+"""
+
+import re
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import optax
+from optax.contrib import MuonDimensionNumbers, scale_by_muon
 
 from research.errors import UserError
 
+SCHEDULES = ("cosine", "linear", "constant", "inverse_time", "exponential")
+OPTIMIZERS = ("sgd", "adam", "rmsprop")
+GROUP_OPTIMIZERS = (*OPTIMIZERS, "muon", "frozen")
+DEFAULT = "default"  # the label of parameters no group matches
+
 
 def learning_rate_schedule(
-  config: ml_collections.ConfigDict, steps_per_epoch: int, num_steps: int
+  config: ml_collections.ConfigDict, steps_per_epoch: int, num_steps: int, peak: float = 0.0
 ) -> optax.Schedule:
-  """Peak lr scaled to the global batch, with warmup and the config's decay."""
-  peak = config.learning_rate
-  if config.lr_batch_size:
-    peak *= config.batch_size / config.lr_batch_size  # linear scaling rule
+  """Peak lr (`peak`, else the config's, scaled to the global batch), with warmup and the
+  config's decay over `num_steps`."""
+  if not peak:
+    peak = config.learning_rate
+    if config.lr_batch_size:
+      peak *= config.batch_size / config.lr_batch_size  # linear scaling rule
   warmup = int(config.warmup_epochs * steps_per_epoch)
   if config.schedule == "cosine":
     decay = optax.cosine_decay_schedule(peak, max(1, num_steps - warmup))
+  elif config.schedule == "linear":  # to zero at the last step
+    decay = optax.linear_schedule(peak, 0.0, max(1, num_steps - warmup))
   elif config.schedule == "constant":
     decay = optax.constant_schedule(peak)
   elif config.schedule == "inverse_time":
@@ -29,9 +54,7 @@ def learning_rate_schedule(
       staircase=True,
     )
   else:
-    raise UserError(
-      f"schedule={config.schedule!r} is unknown; use cosine, constant, inverse_time, exponential"
-    )
+    raise UserError(f"schedule={config.schedule!r} is unknown; use {', '.join(SCHEDULES)}")
   if not warmup:
     return decay
   return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), decay], [warmup])
@@ -42,26 +65,142 @@ def _kernels_only(params):
   return jax.tree_util.tree_map_with_path(lambda path, _: path[-1].key == "kernel", params)
 
 
-def create_optimizer(
-  config: ml_collections.ConfigDict, schedule: optax.Schedule
-) -> optax.GradientTransformation:
-  if config.optimizer == "sgd":
-    opt = optax.sgd(schedule, momentum=config.momentum, nesterov=config.nesterov)
-  elif config.optimizer == "adam":
-    opt = optax.adam(schedule)
-  elif config.optimizer == "rmsprop":
-    opt = optax.rmsprop(
+def _base(name: str, schedule, fields) -> optax.GradientTransformation:
+  if name == "sgd":
+    return optax.sgd(schedule, momentum=fields.momentum, nesterov=fields.nesterov)
+  if name == "adam":
+    return optax.adam(schedule)
+  if name == "rmsprop":
+    return optax.rmsprop(
       schedule,
-      decay=config.rms_decay,
-      eps=config.rms_eps,
-      eps_in_sqrt=config.rms_eps_in_sqrt,
-      momentum=config.momentum or None,
+      decay=fields.rms_decay,
+      eps=fields.rms_eps,
+      eps_in_sqrt=fields.rms_eps_in_sqrt,
+      momentum=fields.momentum or None,
     )
-  else:
-    raise UserError(f"optimizer={config.optimizer!r} is unknown; use sgd, adam or rmsprop")
+  raise UserError(f"optimizer={name!r} is unknown; use {', '.join(OPTIMIZERS)}")
+
+
+def _kernel_matrix(update) -> MuonDimensionNumbers:
+  """A kernel [..., in, out] as the matrix [prod(...) · in, out] Muon orthogonalises."""
+  return MuonDimensionNumbers(reduction_axis=tuple(range(update.ndim - 1)), output_axis=-1)
+
+
+def renormalize_weights() -> optax.GradientTransformation:
+  """Adds to the update what first rescales each parameter to norm sqrt(its last dimension):
+  p + update becomes p · sqrt(out) / |p| + update."""
+
+  def update_fn(updates, state, params):
+    def one(update, p):
+      return update + p * (jnp.sqrt(p.shape[-1]) / jnp.linalg.norm(p) - 1)
+
+    return jax.tree.map(one, updates, params), state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
+
+
+def _group(fields, schedule) -> optax.GradientTransformation:
+  """One parameter group's optimizer; `fields` has the config's values for what it leaves unset."""
+  if fields.optimizer == "frozen":
+    return optax.set_to_zero()
+  if fields.optimizer == "muon":
+    chain = [
+      scale_by_muon(
+        ns_steps=fields.ns_steps,
+        beta=fields.momentum,
+        nesterov=fields.nesterov,
+        weight_dimension_numbers=lambda updates: jax.tree.map(_kernel_matrix, updates),
+      )
+    ]
+    if fields.weight_decay:  # decoupled, as optax.contrib.muon
+      chain.append(optax.add_decayed_weights(fields.weight_decay))
+    chain.append(optax.scale_by_learning_rate(schedule))
+    if fields.normalize_weights:
+      chain.append(renormalize_weights())
+    return optax.chain(*chain)
+  decay = [optax.add_decayed_weights(fields.weight_decay)] if fields.weight_decay else []
+  return optax.chain(*decay, _base(fields.optimizer, schedule, fields))
+
+
+def group_fields(config: ml_collections.ConfigDict) -> dict:
+  """{group name: its fields, the config's values filling what the group leaves unset}."""
+  defaults = dict(
+    optimizer=config.optimizer,
+    momentum=config.momentum,
+    nesterov=config.nesterov,
+    weight_decay=config.weight_decay,
+    rms_decay=config.rms_decay,
+    rms_eps=config.rms_eps,
+    rms_eps_in_sqrt=config.rms_eps_in_sqrt,
+    train_fraction=1.0,
+    ns_steps=5,
+    normalize_weights=False,
+    learning_rate=0.0,  # 0: the config's (scaled to the batch)
+  )
+  groups = {}
+  for name, group in config.param_groups.items():
+    unknown = set(group.keys()) - set(defaults) - {"match"}
+    if unknown or "match" not in group:
+      raise UserError(
+        f"param_groups.{name}: "
+        + (f"unknown fields {sorted(unknown)}" if unknown else "needs a `match` pattern")
+        + f"; a group has match and any of {', '.join(sorted(defaults))}"
+      )
+    groups[name] = ml_collections.ConfigDict({**defaults, **group.to_dict()})
+  return groups
+
+
+def labels(config: ml_collections.ConfigDict, params) -> dict:
+  """The group of each parameter (DEFAULT where none matches); a user error for a group that
+  matches no parameter."""
+  patterns = {name: re.compile(g.match) for name, g in config.param_groups.items()}
+  matched = set()
+
+  def label(path, _):
+    name = "/".join(str(getattr(k, "key", k)) for k in path)
+    for group, pattern in patterns.items():
+      if pattern.search(name):
+        matched.add(group)
+        return group
+    return DEFAULT
+
+  result = jax.tree_util.tree_map_with_path(label, params)
+  if unmatched := [g for g in patterns if g not in matched]:
+    paths = ["/".join(str(getattr(k, "key", k)) for k in p) for p, _ in _leaves(params)]
+    raise UserError(
+      f"param_groups.{unmatched[0]}.match={config.param_groups[unmatched[0]].match!r} matches "
+      f"no parameter (or only ones an earlier group took); parameters: {', '.join(paths[:8])}"
+      + (", …" if len(paths) > 8 else "")
+    )
+  return result
+
+
+def _leaves(params):
+  return jax.tree_util.tree_flatten_with_path(params)[0]
+
+
+def create_optimizer(
+  config: ml_collections.ConfigDict, steps_per_epoch: int, num_steps: int
+) -> optax.GradientTransformation:
+  schedule = learning_rate_schedule(config, steps_per_epoch, num_steps)
   chain = []
   if config.grad_clip_norm:
     chain.append(optax.clip_by_global_norm(config.grad_clip_norm))
+  default = [_base(config.optimizer, schedule, config)]
   if config.weight_decay:
-    chain.append(optax.add_decayed_weights(config.weight_decay, mask=_kernels_only))
-  return optax.chain(*chain, opt)
+    default.insert(0, optax.add_decayed_weights(config.weight_decay, mask=_kernels_only))
+  if not config.param_groups:
+    return optax.chain(*chain, *default)
+  transforms = {DEFAULT: optax.chain(*default)}
+  for name, fields in group_fields(config).items():
+    steps = max(1, round(fields.train_fraction * num_steps))
+    group_schedule = learning_rate_schedule(config, steps_per_epoch, steps, fields.learning_rate)
+    if fields.train_fraction < 1:  # 0 once its share of training is over
+      group_schedule = _until(group_schedule, steps)
+    transforms[name] = _group(fields, group_schedule)
+  tx = optax.multi_transform(transforms, lambda params: labels(config, params))
+  return optax.chain(*chain, tx)
+
+
+def _until(schedule, steps: int):
+  return lambda step: jnp.where(step < steps, schedule(step), 0.0)

@@ -48,12 +48,23 @@ def _dtypes(part, stem, label, config, **kwargs) -> list[Measurement]:
   ]
 
 
+def _seeds(stem, label, config, seeds: int, dtype: str) -> list[Measurement]:
+  """One training run per seed, each its own record."""
+  return [
+    Measurement(
+      "main", f"{stem}-seed{s}", f"{label}, seed {s}", config, (("model.dtype", dtype), ("seed", s))
+    )
+    for s in range(seeds)
+  ]
+
+
 def plan(scale: str, cores: int) -> list[Measurement]:
   """What the report measures at `scale`: "gpu", "cpu" (small sizes) or "tiny" (the tests)."""
-  vgg, keras, inception = (
+  vgg, keras, inception, speedrun = (
     "configs/cifar_vgg.py",
     "configs/cifar_keras_cnn.py",
     "configs/inception_v3.py",
+    "configs/cifar_speedrun.py",
   )
   m = []
   if scale == "gpu":
@@ -71,6 +82,7 @@ def plan(scale: str, cores: int) -> list[Measurement]:
     streamed = (("model.dtype", "bfloat16"), ("data_workers", cores), ("model.num_classes", 10))
     m.append(Measurement("streamed", "inception_v3", "Inception-v3", inception, streamed, steps=60))
     m += _dtypes("main", "cifar_vgg", "VGG-16 (200 epochs)", vgg)
+    m += _seeds("cifar_speedrun-bfloat16", "Speedrun (8 epochs)", speedrun, 10, "bfloat16")
   elif scale == "cpu":
     m += _dtypes("throughput", "cifar_keras_cnn", "Keras CNN", keras, steps=10)
     m += _dtypes("throughput", "cifar_vgg", "VGG-16", vgg, steps=4)
@@ -97,6 +109,7 @@ def plan(scale: str, cores: int) -> list[Measurement]:
     m.append(
       Measurement("main", "cifar_keras_cnn-10ep", "Keras CNN (10 epochs)", keras, keras_main)
     )
+    m += _seeds("cifar_speedrun", "Speedrun (8 epochs)", speedrun, 3, "float32")
   elif scale == "tiny":
     smoke = "configs/cifar_vgg.py:smoke"
     m += _dtypes(

@@ -81,6 +81,10 @@ def _table(header: list[str], rows: list[list]) -> str:
   return "\n".join(lines)
 
 
+def _percent(x: float) -> str:
+  return f"{x:.2%}".replace("%", " %")
+
+
 def main_table(records: list[dict], expected: list[dict]) -> str:
   """The README's table: one row per trained recipe and machine, and a 'not measured yet' row
   for each planned measurement (`expected`: {"name", "label", "hardware", "command"}) that has
@@ -91,21 +95,37 @@ def main_table(records: list[dict], expected: list[dict]) -> str:
   main = [r for r in records if r["part"] == "main"]
   for r in main:
     n = r["numbers"]
+    accuracy = _percent(n["test_accuracy"])
+    if "test_accuracy_first_view" in n:
+      accuracy += f" with TTA ({_percent(n['test_accuracy_first_view'])} without)"
     rows.append(
       [
         f"{r['label']}, {r['dtype']}",
         r["dataset"],
-        f"{n['test_accuracy']:.2%}".replace("%", " %"),
-        _duration(n["wall_time_sec"]),
+        accuracy,
+        _duration(n["wall_time_sec"])
+        + (f" (training {n['train_sec']:.1f} s)" if "train_sec" in n else ""),
         f"{n['examples_per_sec']:,.0f}",
         f"{hardware(r)}, {r['date']}",
         f"`{r['command']}`",
       ]
     )
-  for e in expected:
-    if not any(r["name"] == e["name"] and r["device"]["platform"] == e["platform"] for r in main):
-      label = f"{e['label']}, {e['dtype']}"
-      rows.append([label, e["dataset"], NOT_MEASURED, "", "", e["hardware"], f"`{e['command']}`"])
+  missing = [
+    e
+    for e in expected
+    if not any(r["name"] == e["name"] and r["device"]["platform"] == e["platform"] for r in main)
+  ]
+  # Runs of one recipe with other seeds (NAME-seedN) share one row while not measured.
+  groups: dict[tuple, list[dict]] = {}
+  for e in missing:
+    groups.setdefault((re.sub(r"-seed\d+$", "", e["name"]), e["platform"]), []).append(e)
+  for group in groups.values():
+    e = group[0]
+    label = re.sub(r", seed \d+$", "", e["label"]) + f", {e['dtype']}"
+    if len(group) > 1:
+      seeds = [re.search(r"seed (\d+)$", g["label"]).group(1) for g in group]
+      label += f", seeds {seeds[0]}–{seeds[-1]}"
+    rows.append([label, e["dataset"], NOT_MEASURED, "", "", e["hardware"], f"`{e['command']}`"])
   return _table(header, rows)
 
 

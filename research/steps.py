@@ -6,7 +6,7 @@ shard it gathers from, or a batch host workers decoded and prefetched.
 """
 
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +21,17 @@ AXIS = "devices"  # the one pmap axis: every lax.pmean/psum and every BatchNorm 
 
 class TrainState(train_state.TrainState):
   batch_stats: Any  # BatchNorm running statistics; identical on every replica
+
+
+class Examples(NamedTuple):
+  """A step's examples on one device, as the data's `gather` hands them over."""
+
+  images_u8: Any  # [per_device_batch, H, W, C] uint8
+  labels: Any  # [per_device_batch] int32
+  rng: Any  # the step's key, the same on every device (each device folds in its index)
+  sizes: Any = None  # valid (height, width) [per_device_batch, 2] of padded images, or None
+  epoch: Any = 0  # int32: the epoch this step belongs to
+  ids: Any = None  # int32 [per_device_batch]: each example's identity (augment's Context)
 
 
 def cross_entropy(logits, labels, num_classes: int, label_smoothing: float):
@@ -54,20 +65,30 @@ def micro_batch_size(configured: int, per_device_batch: int, batch_norm: bool, b
 
 
 def train_step(
-  state, batch, *, gather, augment, num_classes, label_smoothing, aux_loss_weight, micro_batch=None
+  state,
+  batch,
+  *,
+  gather,
+  augment,
+  num_classes,
+  label_smoothing,
+  aux_loss_weight,
+  micro_batch=None,
+  loss_scale=1.0,
 ):
   """One optimizer step on this device's part of the global batch.
 
   Args:
-    batch: this device's batch; `gather(step, batch)` gives the step's examples: images_u8
-      [per_device_batch, H, W, C] uint8, labels [per_device_batch] int32, the step's key (the
-      same on every device; each device folds in its index) and the valid (height, width)
-      [per_device_batch, 2] of padded images, or None.
+    batch: this device's batch; `gather(step, batch)` gives the step's `Examples`.
     micro_batch: examples per forward/backward pass (`micro_batch_size`; None: all at once).
+    loss_scale: the gradient is that of the mean loss over the global batch times this
+      (the global batch size: the summed loss, `loss_reduction="sum"`); the logged loss is
+      the mean.
   """
-  images_u8, labels, rng, sizes = gather(state.step, batch)
-  augment_rng, dropout_rng = device_rngs(rng)
-  images = augment(augment_rng, images_u8, sizes)  # [per_device_batch, h, w, C] float32
+  ex = Examples(*gather(state.step, batch))
+  images_u8, labels = ex.images_u8, ex.labels
+  augment_rng, dropout_rng = device_rngs(ex.rng)
+  images = augment(augment_rng, images_u8, ex.sizes, epoch=ex.epoch, ids=ex.ids)
   per_device_batch = labels.shape[0]
   micro_batch = micro_batch or per_device_batch
   n_micro = per_device_batch // micro_batch
@@ -88,7 +109,7 @@ def train_step(
       aux_loss = cross_entropy(aux_logits, labels[part], num_classes, label_smoothing)
       loss += aux_loss_weight * aux_loss
     correct = jnp.sum(logits.argmax(-1) == labels[part])
-    return loss / n_micro, (correct, updates.get("batch_stats", {}))
+    return loss * loss_scale / n_micro, (correct, updates.get("batch_stats", {}))
 
   loss, correct, grads, batch_stats = 0.0, 0, None, state.batch_stats
   # A Python loop, unrolled when traced: XLA:CPU runs the micro-batches' independent
@@ -103,7 +124,7 @@ def train_step(
   # Every device gets the gradient of the mean loss over the GLOBAL batch. BatchNorm already
   # reduced its statistics over AXIS, so batch_stats agree on every device without a pmean.
   grads = lax.pmean(grads, AXIS)
-  metrics = lax.pmean({"loss": loss, "accuracy": correct / per_device_batch}, AXIS)
+  metrics = lax.pmean({"loss": loss / loss_scale, "accuracy": correct / per_device_batch}, AXIS)
   new_state = state.apply_gradients(grads=grads, batch_stats=batch_stats)
   metrics["grad_norm"] = optax.tree.norm(grads)
   metrics["param_norm"] = optax.tree.norm(new_state.params)
@@ -112,27 +133,40 @@ def train_step(
 
 def augmented_examples(step, batch, *, gather, augment, count: int):
   """The first `count` of this device's examples at `step`, augmented as the step sees them."""
-  images_u8, _, rng, sizes = gather(step, batch)
-  augment_rng, _ = device_rngs(rng)
-  return augment(augment_rng, images_u8, sizes)[:count]  # whole batch: the same per-example keys
+  ex = Examples(*gather(step, batch))
+  augment_rng, _ = device_rngs(ex.rng)
+  images = augment(augment_rng, ex.images_u8, ex.sizes, epoch=ex.epoch, ids=ex.ids)
+  return images[:count]  # augmented as a whole batch: the same per-example keys
 
 
 def eval_sums(state, images_u8, labels, mask, sizes=None, *, preprocess):
-  """Sums of loss, correct predictions and real examples (mask = 1) over one batch."""
+  """Sums of loss, correct predictions and real examples (mask = 1) over one batch. With
+  views (`preprocess.weights`), the logits are the views' weighted mean, and
+  `correct_first_view` counts the first view's correct predictions alone."""
   images = preprocess(jax.random.key(0), images_u8, sizes)  # deterministic ops only
-  logits = state.apply_fn(
-    {"params": state.params, "batch_stats": state.batch_stats}, images, train=False
+  apply = lambda x: state.apply_fn(
+    {"params": state.params, "batch_stats": state.batch_stats}, x, train=False
   ).astype(jnp.float32)
+  sums = {}
+  if preprocess.weights:  # images: [views, batch, H, W, C], one view after another
+    per_view = lax.map(apply, images)  # [views, batch, classes]
+    logits = jnp.tensordot(jnp.array(preprocess.weights), per_view, 1)
+    sums["correct_first_view"] = jnp.sum((per_view[0].argmax(-1) == labels) * mask)
+  else:
+    logits = apply(images)
   losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
   return {
     "loss_sum": jnp.sum(losses * mask),
     "correct": jnp.sum((logits.argmax(-1) == labels) * mask),
     "count": jnp.sum(mask),
+    **sums,
   }
 
 
-def zero_totals():
-  return {"loss_sum": jnp.float32(0), "correct": jnp.float32(0), "count": jnp.float32(0)}
+def zero_totals(preprocess):
+  """Eval totals before the first batch: the structure `eval_sums` returns, all zeros."""
+  names = ("loss_sum", "correct", "count") + (("correct_first_view",) if preprocess.weights else ())
+  return {name: jnp.float32(0) for name in names}
 
 
 def create_train_state(rng, config, model, image_shape, tx) -> TrainState:

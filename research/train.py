@@ -42,6 +42,7 @@ class Training:
 
   inputs: Inputs
   state: TrainState  # unreplicated, on the host: checkpoints and logging use this copy
+  from_data: Callable  # state -> state with the model's parameters computed from data (if any)
   train_step: Callable  # steps.train_step for ONE device, all but (state, batch) bound
   augment: Callable  # the config's augmentation: (rng, images_u8, sizes) -> float32 images
   schedule: Callable  # step -> learning rate
@@ -67,10 +68,11 @@ def setup(config: ml_collections.ConfigDict) -> Training:
   if num_steps <= 0:
     num_steps = config.num_epochs * inputs.steps_per_epoch
   schedule = optim.learning_rate_schedule(config, inputs.steps_per_epoch, num_steps)
-  tx = optim.create_optimizer(config, schedule)
+  tx = optim.create_optimizer(config, inputs.steps_per_epoch, num_steps)
   example = np.zeros((1, *inputs.example_shape), np.uint8)
   model_input = jax.eval_shape(checked.augment, init_key, example)  # what the model sees
   state = create_train_state(init_key, config, model, model_input.shape[1:], tx)
+  optim.labels(config, state.params)  # every parameter group matches a parameter
   micro_batch = steps.micro_batch_size(
     config.micro_batch_size,
     checked.per_device_batch,
@@ -85,10 +87,12 @@ def setup(config: ml_collections.ConfigDict) -> Training:
     label_smoothing=config.label_smoothing,
     aux_loss_weight=config.aux_loss_weight,
     micro_batch=micro_batch,
+    loss_scale=config.batch_size if config.loss_reduction == "sum" else 1.0,
   )
   return Training(
     inputs,
     state,
+    _from_data(config, inputs, checked.eval_preprocess.first_view),
     train_step,
     checked.augment,
     schedule,
@@ -96,6 +100,27 @@ def setup(config: ml_collections.ConfigDict) -> Training:
     checked.per_device_batch,
     micro_batch,
   )
+
+
+def _from_data(config, inputs: Inputs, preprocess) -> Callable:
+  """state -> state with the parameters the model computes from the first
+  `model.init_examples` training images, as the eval shows them to the model (once, on the
+  host, before the first step; a resumed run has them in its checkpoint)."""
+  init_from_data = models.init_from_data(config.model)
+  if init_from_data is None:
+    return lambda state: state
+  if inputs.first_images is None:
+    raise UserError(
+      f"model {config.model.name!r} computes parameters from training images, which needs "
+      f"data resident on the devices; {inputs.name} streams (use data_placement='resident')"
+    )
+
+  def from_data(state):
+    images = inputs.first_images(config.model.init_examples)
+    images = np.asarray(jax.jit(preprocess)(jax.random.key(0), images))
+    return state.replace(params=init_from_data(config.model, state.params, images))
+
+  return from_data
 
 
 def _banner(text: str) -> str:
@@ -204,6 +229,8 @@ def train_and_evaluate(
   checkpoints = checkpoint.Checkpoints(workdir, config, echo=echo)
   state = checkpoints.restore_latest(training.state)  # one that does not fit: UserError
   start_step = int(state.step)
+  if not start_step:
+    state = training.from_data(state)
   profiler = Profiler(config, workdir, start_step, echo)  # its window is checked here
   workdir_lib.prepare(workdir, config, data_identity)  # all checked: from here on we write
   bar.update(start_step)
@@ -216,15 +243,19 @@ def train_and_evaluate(
   rstate = replicate(state)
   skipped_at_start = inputs.skipped_images()
 
-  def evaluate(step, rstate):
-    totals = inputs.evaluate(rstate)
+  def evaluate(step, rstate, all_views=True, **extra):
+    """An eval record; periodic evals (all_views=False) use the eval's first view only."""
+    totals = inputs.evaluate(rstate, all_views)
     record = {
       "step": step,
       "eval_loss": float(totals["loss_sum"] / totals["count"]),
       "eval_accuracy": float(totals["correct"] / totals["count"]),
       "eval_examples": int(totals["count"]),
       "elapsed_sec": clock.since_launch(),  # this launch's wall clock, as train records'
+      **extra,
     }
+    if "correct_first_view" in totals:  # test-time augmentation: the plain accuracy too
+      record["eval_accuracy_first_view"] = float(totals["correct_first_view"] / totals["count"])
     log.eval(record)
     return record
 
@@ -236,7 +267,7 @@ def train_and_evaluate(
     jax.block_until_ready(rstate)  # dispatched steps finish on the training clock
     with clock.pause():
       if eval_due:
-        evaluate(step, rstate)
+        evaluate(step, rstate, all_views=False)
       if checkpoints.due(step):
         start = time.perf_counter()
         checkpoints.save(step, _finite_or_stop(first_replica(rstate), step, checkpoints))
@@ -244,6 +275,19 @@ def train_and_evaluate(
           f"checkpoint at step {step}: training paused {time.perf_counter() - start:.3f} s "
           "(device→host copy; the write goes on in the background)"
         )
+
+  def finish(rstate):
+    """The final eval (every view) and checkpoint, with this launch's training time."""
+    jax.block_until_ready(rstate)
+    train_sec = clock.training()  # compile, evals and checkpoints excluded
+    final = evaluate(num_steps, rstate, train_sec=train_sec)
+    if is_main and start_step < num_steps:
+      echo(
+        f"trained steps {start_step + 1}-{num_steps} in {train_sec:.1f} s (compile, evals "
+        "and checkpoints excluded)"
+      )
+    checkpoints.save(num_steps, _finite_or_stop(first_replica(rstate), num_steps, checkpoints))
+    return final
 
   stream = inputs.batches(start_step)
   first_batch = next(stream)
@@ -279,8 +323,7 @@ def train_and_evaluate(
           raise Preempted(step, preemption.interrupted)
         if step < num_steps:
           eval_and_checkpoint(step, rstate)
-      final = evaluate(num_steps, rstate)
-      checkpoints.save(num_steps, _finite_or_stop(first_replica(rstate), num_steps, checkpoints))
+      final = finish(rstate)
     finally:
       getattr(stream, "close", lambda: None)()  # streamed: stop the decode workers
       bar.close()

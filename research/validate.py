@@ -8,6 +8,7 @@ the profile window against the resumed step (train.Profiler), the checkpoint's l
 
 import difflib
 import math
+import re
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -93,6 +94,30 @@ def _scaling(config, n_devices: int) -> None:
       )
 
 
+GROUP_RANGES = (
+  ("learning_rate", ">= 0 (0: the config's)", lambda x: x >= 0),
+  ("weight_decay", ">= 0", lambda x: x >= 0),
+  ("momentum", "in [0, 1)", lambda x: 0 <= x < 1),
+  ("train_fraction", "in (0, 1]", lambda x: 0 < x <= 1),
+  ("ns_steps", ">= 1", lambda x: isinstance(x, int) and x >= 1),
+)
+
+
+def _param_groups(config) -> None:
+  """Each parameter group's fields (research/optim.py); whether each matches a parameter is
+  checked when the parameters exist (train.setup)."""
+  for name, fields in optim.group_fields(config).items():
+    try:
+      re.compile(fields.match)
+    except (re.error, TypeError) as e:
+      raise UserError(f"param_groups.{name}.match={fields.match!r} is not a regex: {e}") from None
+    _choice(f"param_groups.{name}.optimizer", fields.optimizer, optim.GROUP_OPTIMIZERS)
+    for field, allowed, ok in GROUP_RANGES:
+      value = fields[field]
+      if isinstance(value, bool) or not isinstance(value, int | float) or not ok(value):
+        raise UserError(f"param_groups.{name}.{field}={value!r} must be a number {allowed}")
+
+
 class Checked(NamedTuple):
   """What checking a training config builds: the per-device batch and the two pipelines
   (parsing them is how they are checked), handed on so nothing is built twice."""
@@ -131,9 +156,14 @@ def train_config(config: ml_collections.ConfigDict, n_devices: int) -> Checked:
     raise UserError(
       f"profile_steps={profile} must be () or (start, stop) with 1 <= start < stop, e.g. (10, 15)"
     )
-  augment = augment_lib.build(config.augment)
-  eval_preprocess = augment_lib.build(config.eval_preprocess)
-  optim.create_optimizer(config, optim.learning_rate_schedule(config, 1, 1))  # names checked
+  augment = augment_lib.build(config.augment, config.seed)
+  if augment.weights:
+    raise UserError(f"augment={config.augment!r} ends in a views op; views are for eval_preprocess")
+  eval_preprocess = augment_lib.build(config.eval_preprocess, config.seed)
+  _choice("schedule", config.schedule, optim.SCHEDULES)
+  _choice("optimizer", config.optimizer, optim.OPTIMIZERS)
+  _choice("loss_reduction", config.loss_reduction, ("mean", "sum"))
+  _param_groups(config)
   per_device_batch = batch_sizes(config, n_devices)
   if per_device_batch % max(1, config.micro_batch_size):
     raise UserError(

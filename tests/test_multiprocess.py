@@ -33,7 +33,7 @@ def _config():
 
 def _final_params(workdir, config):
   model = models.create(config.model, AXIS)
-  tx = optim.create_optimizer(config, optim.learning_rate_schedule(config, 16, STEPS))
+  tx = optim.create_optimizer(config, 16, STEPS)
   template = create_train_state(jax.random.key(0), config, model, (32, 32, 3), tx)
   ckpts = checkpoint.Checkpoints(workdir, config)
   state = ckpts.restore_latest(template)

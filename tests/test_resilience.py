@@ -190,7 +190,7 @@ def _template_state(config):
   from research.steps import AXIS, create_train_state
 
   model = models.create(config.model, AXIS)
-  tx = optim.create_optimizer(config, optim.learning_rate_schedule(config, 16, 8))
+  tx = optim.create_optimizer(config, 16, 8)
   return create_train_state(jax.random.key(0), config, model, (32, 32, 3), tx)
 
 

@@ -40,7 +40,11 @@ SLICE = Path(__file__).parent / "data" / "cifar10_slice"  # real JPEGs, 10 class
     ),
     ("--config.eval_preprocess=crop('4')", "pad='4' is not a whole number"),
     ("--config.model.name=nonexistent", "model.name='nonexistent' is not one of"),
-    ("--config.model.name=vgg16", "model.name='vgg16' is not one of inception_v3, keras_cnn, vgg"),
+    ("--config.model.name=vgg16", "model.name='vgg16' is not one of inception_v3, keras_cnn, "),
+    ("--config.loss_reduction=total", "loss_reduction='total' is not one of mean, sum"),
+    ("--config.schedule=cosin", "schedule='cosin' is not one of cosine, linear, "),
+    ("--config.augment=crop(4)|tta", "ends in a views op; views are for eval_preprocess"),
+    ("--config.eval_preprocess=tta|standardize", "comes after a views op, which must be last"),
   ],
 )
 def test_bad_values_are_one_line_errors_before_the_workdir_is_made(tmp_path, override, message):
@@ -52,6 +56,27 @@ def test_bad_values_are_one_line_errors_before_the_workdir_is_made(tmp_path, ove
     assert "did you mean" not in str(e.value)
   if "vgg16" in override:
     assert "(did you mean 'vgg'?)" in str(e.value)
+
+
+@pytest.mark.parametrize(
+  "override, message",
+  [
+    (
+      "--config.param_groups.head.optimizer=adamw",
+      "param_groups.head.optimizer='adamw' is not one",
+    ),
+    (
+      "--config.param_groups.whiten_bias.train_fraction=0",
+      "param_groups.whiten_bias.train_fraction=0.0 must be a number in (0, 1]",
+    ),
+    ("--config.param_groups.head.match=head(", "param_groups.head.match='head(' is not a regex"),
+  ],
+)
+def test_bad_parameter_groups_are_one_line_errors(tmp_path, override, message):
+  workdir = tmp_path / "run"
+  with pytest.raises(UserError, match=re.escape(message)):
+    main.run(["--config", "configs/cifar_speedrun.py:smoke", f"--workdir={workdir}", override])
+  assert not workdir.exists()
 
 
 def test_a_micro_batch_that_does_not_divide_the_device_batch_is_an_error():

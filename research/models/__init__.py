@@ -5,6 +5,12 @@ is called as `model.apply(variables, images, train=...)` on float images [batch,
 and returns logits [batch, num_classes] (Inception-v3 in training returns
 `(logits, aux_logits)`). `axis_name` is given to BatchNorm so statistics are averaged across
 replicas; it is None outside pmap. `layers.py` holds the layers models share; it is no model.
+
+A model may also compute part of its initial parameters from training images: it then
+defines `init_from_data(model_config, params, images) -> params`, given the first
+`model_config.init_examples` training images as float32 [N, H, W, C], as the config's
+eval_preprocess (its first view) shows them to the model. It runs once, on the host, before
+the first step; the result is in every checkpoint, so a resumed run does not redo it.
 """
 
 import importlib
@@ -20,6 +26,12 @@ from research.models.layers import EXAMPLES  # noqa: F401 (steps pass example po
 def available() -> list[str]:
   names = (m.name for m in pkgutil.iter_modules(__path__))
   return sorted(n for n in names if not n.startswith("_") and n != "layers")
+
+
+def init_from_data(model_config: ml_collections.ConfigDict):
+  """The model module's `init_from_data`, or None if it computes nothing from data."""
+  module = importlib.import_module(f"research.models.{model_config.name}")
+  return getattr(module, "init_from_data", None)
 
 
 def create(model_config: ml_collections.ConfigDict, axis_name: str | None) -> nn.Module:

@@ -1,0 +1,125 @@
+"""The network of the fastest known CIFAR-10 training: airbench94_muon (K. Jordan,
+github.com/KellerJordan/cifar10-airbench; the method in arXiv 2404.00498).
+
+A 2×2 patch-whitening convolution whose filters come from the training images
+(`init_from_data`; the config's parameter groups freeze them) → GELU → three conv groups
+(conv, 2×2 max-pool, BatchNorm, GELU, conv, BatchNorm, GELU) → 3×3 max-pool → a bias-free
+linear head whose logits are divided by its width. Convolution kernels start as identities on
+their first `in` filters (Dirac), the rest as PyTorch initialises them; BatchNorm has no scale
+(it stays 1), eps 1e-12, and its running averages keep 0.6 of themselves at each step.
+
+model_config fields: num_classes; widths (the three groups' channels); whiten_eps (added to
+the patch covariance's eigenvalues); init_examples (how many of the first training images
+the whitening is computed from); dtype ('float32' | 'bfloat16' compute: parameters and
+BatchNorm statistics stay float32, logits are float32).
+"""
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from research.models import layers
+
+WHITEN = 2  # pixels per side of the whitening patches
+
+
+def _torch_uniform(key, shape, dtype, fan_in: int):
+  """PyTorch's default init of conv and linear layers: uniform in ±1/sqrt(fan_in)."""
+  bound = 1 / np.sqrt(fan_in)
+  return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+
+def dirac_init(key, shape, dtype=jnp.float32):
+  """[kh, kw, in, out]: PyTorch's default init, its first `in` output filters replaced by
+  identities (the centre tap of input channel i feeds output channel i)."""
+  kh, kw, channels, features = shape
+  kernel = _torch_uniform(key, shape, dtype, kh * kw * channels)
+  n = min(channels, features)
+  identity = jnp.zeros((kh, kw, channels, n), dtype).at[kh // 2, kw // 2].set(jnp.eye(channels, n))
+  return kernel.at[..., :n].set(identity)
+
+
+def unit_std_init(key, shape, dtype=jnp.float32):
+  """Uniform with standard deviation 1: the head as airbench rescales PyTorch's init."""
+  return jax.random.uniform(key, shape, dtype, -np.sqrt(3), np.sqrt(3))
+
+
+class ConvGroup(nn.Module):
+  features: int
+  norm: functools.partial
+  dtype: jnp.dtype
+
+  @nn.compact
+  def __call__(self, x):
+    conv = functools.partial(
+      layers.Conv, self.features, (3, 3), use_bias=False, kernel_init=dirac_init, dtype=self.dtype
+    )
+    x = layers.max_pool(conv(name="conv1")(x), 2)
+    x = nn.gelu(self.norm(name="norm1")(x), approximate=False)
+    return nn.gelu(self.norm(name="norm2")(conv(name="conv2")(x)), approximate=False)
+
+
+class SpeedrunNet(nn.Module):
+  num_classes: int
+  widths: tuple
+  axis_name: str | None = None
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, train: bool):
+    norm = functools.partial(
+      nn.BatchNorm,
+      use_running_average=not train,
+      momentum=0.6,
+      epsilon=1e-12,
+      use_scale=False,
+      axis_name=self.axis_name,  # statistics over the global batch
+      dtype=self.dtype,
+    )
+    channels = 2 * x.shape[-1] * WHITEN**2  # each eigenvector and its negative
+    fan_in = x.shape[-1] * WHITEN**2
+    whiten = layers.Conv(
+      channels,
+      (WHITEN, WHITEN),
+      padding="VALID",
+      bias_init=lambda key, shape, dtype: _torch_uniform(key, shape, dtype, fan_in),
+      dtype=self.dtype,
+      name="whiten",
+    )
+    x = nn.gelu(whiten(x.astype(self.dtype)), approximate=False)  # [batch, 31, 31, 24]
+    for i, width in enumerate(self.widths):  # 31 → 15 → 7 → 3 pixels
+      x = ConvGroup(width, norm, self.dtype, name=f"group{i + 1}")(x)
+    x = layers.max_pool(x, 3).reshape(x.shape[0], -1)  # [batch, widths[-1]]
+    head = nn.Dense(
+      self.num_classes, use_bias=False, kernel_init=unit_std_init, dtype=self.dtype, name="head"
+    )
+    return (head(x) / x.shape[-1]).astype(jnp.float32)
+
+
+def init_from_data(model_config, params, images: np.ndarray):
+  """`params` with the whitening filters computed from `images` (float [N, H, W, C], as the
+  model sees them): the eigenvectors of the 2×2 patches' covariance, each divided by the root
+  of its eigenvalue (+ whiten_eps), and their negatives."""
+  channels = images.shape[-1]
+  patches = np.lib.stride_tricks.sliding_window_view(images, (WHITEN, WHITEN), axis=(1, 2))
+  patches = patches.transpose(0, 1, 2, 4, 5, 3).reshape(-1, WHITEN * WHITEN * channels)
+  patches = patches.astype(np.float64)
+  covariance = patches.T @ patches / len(patches)  # [12, 12], over (row, column, channel)
+  eigenvalues, eigenvectors = np.linalg.eigh(covariance)
+  scaled = eigenvectors / np.sqrt(eigenvalues + model_config.whiten_eps)  # a filter per column
+  kernel = np.concatenate([scaled, -scaled], axis=1).reshape(WHITEN, WHITEN, channels, -1)
+  whiten = {**params["whiten"], "kernel": jnp.asarray(kernel, jnp.float32)}
+  return {**params, "whiten": whiten}
+
+
+def create(model_config: ml_collections.ConfigDict, axis_name: str | None) -> nn.Module:
+  return SpeedrunNet(
+    num_classes=model_config.num_classes,
+    widths=tuple(model_config.widths),
+    axis_name=axis_name,
+    dtype=jnp.dtype(model_config.dtype),
+  )

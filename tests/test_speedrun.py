@@ -1,0 +1,234 @@
+"""The mechanisms the fastest CIFAR-10 recipe (configs/cifar_speedrun.py) needs, each usable by
+any config: parameters from data, parameter groups, the summed loss, epoch-aware ops, eval
+views, bfloat16 compute; and its step on 8 devices equal to its step on 1."""
+
+import functools
+import json
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from research import augment, configuration, optim, steps
+from research.errors import UserError
+from research.models import speedrun
+from research.placement import first_replica, replicate
+from research.steps import AXIS
+from research.train import setup, train_and_evaluate
+
+SMOKE = "configs/cifar_speedrun.py:smoke"
+
+
+@pytest.fixture(scope="module")
+def training():
+  return setup(configuration.load(SMOKE))
+
+
+def _one_step(training, state, images_u8, labels, n_devices, **bind):
+  """One pmapped step of the config's step over `n_devices`, the global batch split evenly."""
+  devices = jax.local_devices()[:n_devices]
+  as_given = lambda step, batch: steps.Examples(*batch)
+  bind = dict(gather=as_given, micro_batch=None, **bind)  # the whole device batch at once
+  step = jax.pmap(functools.partial(training.train_step, **bind), AXIS, devices=devices)
+  split = lambda x: x.reshape(n_devices, -1, *x.shape[1:])
+  keys = jax.random.wrap_key_data(
+    np.broadcast_to(jax.random.key_data(jax.random.key(1)), (n_devices, 2))
+  )
+  new_state, metrics = step(replicate(state, devices), (split(images_u8), split(labels), keys))
+  return first_replica(new_state), first_replica(metrics)
+
+
+def _batch(n=64, seed=0):
+  rng = np.random.default_rng(seed)
+  return rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8), rng.integers(0, 10, n)
+
+
+def test_the_recipe_s_step_on_8_devices_equals_its_step_on_1(training):
+  state = training.from_data(training.state)
+  deterministic = augment.build("normalize")  # the same pixels on any device count
+  one, m1 = _one_step(training, state, *_batch(), 1, augment=deterministic)
+  eight, m8 = _one_step(training, state, *_batch(), 8, augment=deterministic)
+  np.testing.assert_allclose(m8["loss"], m1["loss"], rtol=1e-5)
+  for tree in ("params", "batch_stats"):
+    pairs = zip(
+      jax.tree.leaves(getattr(eight, tree)), jax.tree.leaves(getattr(one, tree)), strict=True
+    )
+    for a, b in pairs:
+      np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5)
+
+
+def test_the_whitening_filters_come_from_the_data_and_whiten_it(training):
+  state = training.from_data(training.state)
+  config = configuration.load(SMOKE)
+  images = training.inputs.first_images(config.model.init_examples)
+  images = np.asarray(augment.build("normalize")(jax.random.key(0), images))
+  kernel = np.asarray(state.params["whiten"]["kernel"])  # [2, 2, 3, 24]: 12 filters and negatives
+  np.testing.assert_allclose(kernel[..., 12:], -kernel[..., :12])
+  out = jax.lax.conv_general_dilated(
+    images, kernel[..., :12], (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC")
+  )
+  flat = np.asarray(out, np.float64).reshape(-1, 12)
+  covariance = flat.T @ flat / len(flat)  # whitened: the identity, less what whiten_eps keeps
+  assert np.abs(covariance - np.diag(np.diag(covariance))).max() < 1e-3
+  assert np.diag(covariance).min() > 0.5 and np.diag(covariance).max() < 1.001
+  assert not np.allclose(kernel, training.state.params["whiten"]["kernel"])
+
+
+def test_a_resumed_run_takes_its_data_computed_parameters_from_the_checkpoint(
+  tmp_path, monkeypatch
+):
+  config = configuration.load(SMOKE)
+  config.num_train_steps, config.log_every_steps = 2, 1
+  train_and_evaluate(config, str(tmp_path))
+  monkeypatch.setattr(speedrun, "init_from_data", lambda *a: pytest.fail("computed again"))
+  config.num_train_steps = 3
+  train_and_evaluate(config, str(tmp_path))  # resumes at step 2
+  records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert records[-1]["step"] == 3
+
+
+def _groups_config(**groups):
+  config = configuration.load(SMOKE)
+  config.param_groups = ml_collections.ConfigDict(groups)
+  return config
+
+
+def _update(config, params, grads, steps_done=0, num_steps=10):
+  """The optimizer's update after `steps_done` steps of the same gradient."""
+  tx = optim.create_optimizer(config, 1, num_steps)
+  opt_state = tx.init(params)
+  for _ in range(steps_done + 1):
+    updates, opt_state = tx.update(grads, opt_state, params)
+  return updates
+
+
+def test_parameter_groups_freeze_end_early_and_orthogonalise():
+  params = {
+    "a": {"kernel": jnp.ones((3, 3, 4, 8))},
+    "b": {"bias": jnp.ones(8)},
+    "c": {"bias": jnp.ones(8)},
+  }
+  keys = iter(jax.random.split(jax.random.key(0), 3))
+  grads = jax.tree.map(lambda x: jax.random.normal(next(keys), x.shape), params)  # full rank
+  config = _groups_config(
+    frozen=dict(match=r"^c/", optimizer="frozen"),
+    early=dict(match=r"^b/", optimizer="sgd", learning_rate=0.1, momentum=0.0, train_fraction=0.5),
+    muon=dict(match=r"kernel$", optimizer="muon", learning_rate=1.0, momentum=0.0, ns_steps=5),
+  )
+  first, late = _update(config, params, grads), _update(config, params, grads, steps_done=6)
+  assert not np.any(first["c"]["bias"]) and not np.any(late["c"]["bias"])
+  np.testing.assert_allclose(first["b"]["bias"], -0.1 * grads["b"]["bias"], rtol=1e-6)
+  assert not np.any(late["b"]["bias"])  # its half of the 10 steps is over
+  matrix = np.asarray(first["a"]["kernel"]).reshape(36, 8)  # [kh·kw·in, out]
+  singular = np.linalg.svd(matrix, compute_uv=False)
+  assert singular.min() > 0.6 and singular.max() < 1.3  # orthogonalised: all near 1
+
+
+def test_muon_can_renormalise_each_kernel_before_its_update():
+  params = {"k": {"kernel": 3.0 * jnp.ones((3, 3, 2, 4))}}
+  grads = {"k": {"kernel": jnp.ones((3, 3, 2, 4))}}
+  config = _groups_config(
+    k=dict(match="kernel", optimizer="muon", learning_rate=1e-9, normalize_weights=True)
+  )
+  updates = _update(config, params, grads)
+  new = params["k"]["kernel"] + updates["k"]["kernel"]
+  np.testing.assert_allclose(np.linalg.norm(new), 2.0, rtol=1e-5)  # sqrt(4 output channels)
+
+
+def test_a_parameter_group_that_matches_nothing_is_an_error(training):
+  config = _groups_config(typo=dict(match="^haed/", optimizer="frozen"))
+  with pytest.raises(UserError, match=r"param_groups.typo.match='\^haed/' matches no parameter"):
+    optim.labels(config, training.state.params)
+
+
+def test_the_summed_loss_steps_as_the_mean_loss_with_the_batch_times_the_learning_rate(training):
+  state = training.from_data(training.state)
+  images, labels = _batch(32)
+  plain = augment.build("normalize")
+  config = configuration.load(SMOKE)
+  config.param_groups = ml_collections.ConfigDict()
+  config.optimizer, config.momentum, config.weight_decay = "sgd", 0.0, 0.0
+  summed = state.replace(tx=optim.create_optimizer(config, 1, 100))
+  config.learning_rate *= 32
+  mean = state.replace(tx=optim.create_optimizer(config, 1, 100))
+  a, ma = _one_step(
+    training,
+    summed.replace(opt_state=summed.tx.init(state.params)),
+    images,
+    labels,
+    1,
+    augment=plain,
+    loss_scale=32.0,
+  )
+  b, mb = _one_step(
+    training,
+    mean.replace(opt_state=mean.tx.init(state.params)),
+    images,
+    labels,
+    1,
+    augment=plain,
+    loss_scale=1.0,
+  )
+  np.testing.assert_allclose(ma["loss"], mb["loss"], rtol=1e-6)  # the logged loss is the mean
+  for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params), strict=True):
+    np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
+
+
+def test_the_alternating_flip_mirrors_each_example_the_other_way_every_other_epoch():
+  flip = augment.build("flip_alternating", seed=0)
+  images = np.random.default_rng(0).integers(0, 256, (64, 4, 4, 3), dtype=np.uint8)
+  ids = jnp.arange(64) * 7
+  by_epoch = [np.asarray(flip(jax.random.key(e), images, epoch=e, ids=ids)) for e in range(3)]
+  mirror = images[:, :, ::-1] / 255
+  mirrored = [np.all(np.abs(x - mirror) < 1e-6, axis=(1, 2, 3)) for x in by_epoch]
+  np.testing.assert_array_equal(mirrored[0], mirrored[2])  # the example's own draw
+  np.testing.assert_array_equal(mirrored[1], ~mirrored[0])  # odd epochs: the other way
+  assert 16 < mirrored[0].sum() < 48
+  half = np.asarray(flip(jax.random.key(9), images[:32], epoch=0, ids=ids[:32]))
+  np.testing.assert_array_equal(half, by_epoch[0][:32])  # by identity, not batch or key
+
+
+def test_eval_views_weight_the_mirror_and_one_pixel_translations():
+  views = augment.build("tta(1)")
+  assert views.weights == (0.25, 0.25, 0.125, 0.125, 0.125, 0.125)
+  images = np.random.default_rng(0).integers(0, 256, (2, 8, 8, 3), dtype=np.uint8)
+  out = np.asarray(views(jax.random.key(0), images)) * 255  # [views, batch, H, W, C]
+  assert out.shape == (6, 2, 8, 8, 3)
+  np.testing.assert_allclose(out[0], images, atol=1e-4)
+  np.testing.assert_allclose(out[1], images[:, :, ::-1], atol=1e-4)
+  np.testing.assert_allclose(out[2][:, 1:, 1:], images[:, :-1, :-1], atol=1e-4)  # down-right
+  np.testing.assert_allclose(out[4][:, :-1, :-1], images[:, 1:, 1:], atol=1e-4)  # up-left
+  np.testing.assert_allclose(views.first_view(jax.random.key(0), images) * 255, images, atol=1e-4)
+  with pytest.raises(UserError, match="views op, which must be last"):
+    augment.build("tta|normalize")
+
+
+def test_the_final_eval_reports_test_time_augmentation_and_the_plain_accuracy(training):
+  state = replicate(training.from_data(training.state))
+  tta, plain = training.inputs.evaluate(state, True), training.inputs.evaluate(state, False)
+  assert tta["count"] == plain["count"] == 256
+  assert tta["correct_first_view"] == plain["correct"]
+  assert "correct_first_view" not in plain
+
+
+def test_bfloat16_computes_in_bfloat16_and_keeps_float32_parameters_and_statistics():
+  config = configuration.load(SMOKE + ",bf16")
+  training = setup(config)
+  state = training.from_data(training.state)
+  new, metrics = _one_step(training, state, *_batch(), 8)
+  for leaf in jax.tree.leaves((new.params, new.batch_stats)):
+    assert leaf.dtype == jnp.float32 and np.all(np.isfinite(leaf))
+  assert np.isfinite(metrics["loss"])
+  model = speedrun.create(config.model, None)
+  variables = {"params": new.params, "batch_stats": new.batch_stats}
+  logits, captured = model.apply(
+    variables,
+    jnp.zeros((2, 32, 32, 3)),
+    train=False,
+    capture_intermediates=True,
+    mutable=["intermediates"],
+  )
+  conv = captured["intermediates"]["group1"]["conv1"]["__call__"][0]
+  assert conv.dtype == jnp.bfloat16 and logits.dtype == jnp.float32
