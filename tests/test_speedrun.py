@@ -143,6 +143,12 @@ def test_a_parameter_group_that_matches_nothing_is_an_error(training):
     optim.labels(config, training.state.params)
 
 
+def _with_optimizer(state, config, learning_rate):
+  config.learning_rate = learning_rate
+  tx = optim.create_optimizer(config, 1, 100)
+  return state.replace(tx=tx, opt_state=tx.init(state.params))
+
+
 def test_the_summed_loss_steps_as_the_mean_loss_with_the_batch_times_the_learning_rate(training):
   state = training.from_data(training.state)
   images, labels = _batch(32)
@@ -150,27 +156,12 @@ def test_the_summed_loss_steps_as_the_mean_loss_with_the_batch_times_the_learnin
   config = configuration.load(SMOKE)
   config.param_groups = ml_collections.ConfigDict()
   config.optimizer, config.momentum, config.weight_decay = "sgd", 0.0, 0.0
-  summed = state.replace(tx=optim.create_optimizer(config, 1, 100))
-  config.learning_rate *= 32
-  mean = state.replace(tx=optim.create_optimizer(config, 1, 100))
-  a, ma = _one_step(
-    training,
-    summed.replace(opt_state=summed.tx.init(state.params)),
-    images,
-    labels,
-    1,
-    augment=plain,
-    loss_scale=32.0,
-  )
-  b, mb = _one_step(
-    training,
-    mean.replace(opt_state=mean.tx.init(state.params)),
-    images,
-    labels,
-    1,
-    augment=plain,
-    loss_scale=1.0,
-  )
+  lr = config.learning_rate
+  (a, ma), (b, mb) = [
+    _one_step(training, _with_optimizer(state, config, lr * lr_factor), images, labels, 1,
+              augment=plain, loss_scale=loss_scale)
+    for lr_factor, loss_scale in ((1, 32.0), (32, 1.0))
+  ]  # fmt: skip
   np.testing.assert_allclose(ma["loss"], mb["loss"], rtol=1e-6)  # the logged loss is the mean
   for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params), strict=True):
     np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
