@@ -25,6 +25,9 @@ def training_defaults() -> ml_collections.ConfigDict:
   c.host_image_size = 32  # streamed: pixels of the longer side after host resize (padded square)
   c.data_workers = 2  # streamed: host decode processes (grain); 0 = in the training process
   c.prefetch = 2  # streamed: batches in flight to the devices while a step runs
+  # CPU: keep the memory a step frees for the next step instead of giving it back to the
+  # system (research/host_memory.py); False where a step's buffers approach the host's memory.
+  c.keep_freed_host_memory = True
 
   # Batches and length. batch_size is GLOBAL: split evenly over all devices.
   c.batch_size = 256

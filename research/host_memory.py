@@ -6,7 +6,9 @@ and zeroes the same memory again. With one arena, no mmap and no trimming, the f
 is reused once the heap has grown to the step's peak (the first few steps). What it costs and
 gains: docs/cpu_step.md and BENCHMARKS.md ("CPU forms").
 
-The cost: the process keeps its peak host memory until it exits. GPU runs do not need it
+The cost: the process keeps its peak host memory until it exits, and a heap that never
+shrinks fragments under steps with very large buffers (research/main.py applies it unless
+the config sets keep_freed_host_memory=False). GPU runs do not need it
 (their step's buffers live on the GPU); it applies there too, for one code path.
 """
 

@@ -91,6 +91,8 @@ def run(argv: list[str]) -> int:
   config = configuration.load(args.config)
   for field, value in overrides:
     configuration.override(config, field, value)
+  if config.get("keep_freed_host_memory", True):
+    host_memory.keep_freed_memory()  # before JAX starts its threads
   start_distributed(args)
   import jax
 
@@ -133,7 +135,6 @@ def run(argv: list[str]) -> int:
 
 
 def main() -> int:
-  host_memory.keep_freed_memory()  # before JAX starts its threads
   try:
     environment.check(environment.CORE)  # before the first import of any of them
     return run(sys.argv[1:])

@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 # Writes a 64 MB array twice; prints the page faults of the second time.
 PROBE = """
 import resource, sys
@@ -29,3 +31,17 @@ def test_freed_memory_is_reused_without_page_faults():
   default = _page_faults("default")
   assert default > 0  # glibc's default: the kernel maps and zeroes the block again
   assert _page_faults("keep") * 10 < default
+
+
+def test_a_run_keeps_freed_memory_unless_its_config_says_not(tmp_path, monkeypatch):
+  from research import host_memory, main
+  from research.errors import UserError
+
+  calls = []
+  monkeypatch.setattr(host_memory, "keep_freed_memory", lambda: calls.append(1))
+  (tmp_path / "file").write_text("")  # a workdir that is a file: an error before training
+  for spec, expected in (("cifar_vgg.py:smoke", 1), ("cifar_speedrun.py:smoke", 0)):
+    calls.clear()
+    with pytest.raises(UserError, match="is a file"):
+      main.run(["--config", f"configs/{spec}", f"--workdir={tmp_path / 'file'}"])
+    assert len(calls) == expected, spec
