@@ -72,6 +72,12 @@ def make(config, *, per_device_batch, augment, preprocess, shuffle_key, step_key
   return resident(config, data, per_device_batch, preprocess, shuffle_key, step_key)
 
 
+def eval_pipelines(preprocess) -> dict:
+  """{all_views: the eval's pipeline}: every view for the final eval (True), the first view
+  for periodic evals (False); the same pipeline twice without views."""
+  return {True: preprocess, False: preprocess.first_view}
+
+
 def check_shard(config, n_examples: int, n_devices: int, per_device_batch: int) -> int:
   """Examples per device; a user error if a device would not fill one batch."""
   shard_size = n_examples // n_devices  # the remainder (< n_devices) is not used
@@ -149,16 +155,12 @@ def resident(
   test = pad_for_eval(data.test_images, data.test_labels, config.eval_batch_size)
   test_shard = upload_shards(test, len(test[1]) // n_devices)
   eval_batch = config.eval_batch_size // n_devices
-  p_evals = {  # all views (the final eval), the first view (periodic evals)
+  p_evals = {
     all_views: jax.pmap(
-      functools.partial(
-        resident_eval,
-        preprocess=preprocess if all_views else preprocess.first_view,
-        per_device_batch=eval_batch,
-      ),
+      functools.partial(resident_eval, preprocess=pipeline, per_device_batch=eval_batch),
       axis_name=AXIS,
     )
-    for all_views in (True, False)
+    for all_views, pipeline in eval_pipelines(preprocess).items()
   }
   return Inputs(
     name=data.name,
@@ -249,7 +251,7 @@ def streamed(config, per_device_batch: int, preprocess, step_key, scanned=None) 
     return prefetch_to_devices(stream, config.prefetch, count_skipped)
 
   eval_per_process = config.eval_batch_size // share[1]
-  pipelines = {True: preprocess, False: preprocess.first_view}  # all views: the final eval
+  pipelines = eval_pipelines(preprocess)
   p_evals = {
     all_views: jax.pmap(functools.partial(streamed_eval, preprocess=pipeline), axis_name=AXIS)
     for all_views, pipeline in pipelines.items()

@@ -42,8 +42,9 @@ class Clock:
     """Eval and checkpoints inside are not training time."""
     start = time.perf_counter()
     yield
-    self.paused += time.perf_counter() - start
-    self.all_paused += time.perf_counter() - start
+    paused = time.perf_counter() - start
+    self.paused += paused
+    self.all_paused += paused
 
   def since_interval(self) -> float:
     return time.perf_counter() - self.interval_start

@@ -85,7 +85,7 @@ def train_step(
       (the global batch size: the summed loss, `loss_reduction="sum"`); the logged loss is
       the mean.
   """
-  ex = Examples(*gather(state.step, batch))
+  ex = gather(state.step, batch)
   images_u8, labels = ex.images_u8, ex.labels
   augment_rng, dropout_rng = device_rngs(ex.rng)
   images = augment(augment_rng, images_u8, ex.sizes, epoch=ex.epoch, ids=ex.ids)
@@ -133,7 +133,7 @@ def train_step(
 
 def augmented_examples(step, batch, *, gather, augment, count: int):
   """The first `count` of this device's examples at `step`, augmented as the step sees them."""
-  ex = Examples(*gather(step, batch))
+  ex = gather(step, batch)
   augment_rng, _ = device_rngs(ex.rng)
   images = augment(augment_rng, ex.images_u8, ex.sizes, epoch=ex.epoch, ids=ex.ids)
   return images[:count]  # augmented as a whole batch: the same per-example keys

@@ -44,7 +44,7 @@ class Training:
   state: TrainState  # unreplicated, on the host: checkpoints and logging use this copy
   from_data: Callable  # state -> state with the model's parameters computed from data (if any)
   train_step: Callable  # steps.train_step for ONE device, all but (state, batch) bound
-  augment: Callable  # the config's augmentation: (rng, images_u8, sizes) -> float32 images
+  augment: Callable  # the config's augmentation (research/augment.py build) -> float32 images
   schedule: Callable  # step -> learning rate
   num_steps: int
   per_device_batch: int
@@ -71,8 +71,8 @@ def setup(config: ml_collections.ConfigDict) -> Training:
   tx = optim.create_optimizer(config, inputs.steps_per_epoch, num_steps)
   example = np.zeros((1, *inputs.example_shape), np.uint8)
   model_input = jax.eval_shape(checked.augment, init_key, example)  # what the model sees
+  # tx.init labels the parameters: a parameter group that matches none is an error here
   state = create_train_state(init_key, config, model, model_input.shape[1:], tx)
-  optim.labels(config, state.params)  # every parameter group matches a parameter
   micro_batch = steps.micro_batch_size(
     config.micro_batch_size,
     checked.per_device_batch,

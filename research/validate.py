@@ -57,6 +57,15 @@ RANGES = (
 )
 
 
+def _in_ranges(values, ranges, prefix: str = "") -> None:
+  """A user error for the first of `ranges` (field, the range in words, the test) whose value
+  in `values` is not a number in its range."""
+  for field, allowed, ok in ranges:
+    value = values[field]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not ok(value):
+      raise UserError(f"{prefix}{field}={value!r} must be a number {allowed}")
+
+
 def _choice(field: str, value, choices) -> None:
   if value not in choices:
     near = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)  # close only
@@ -105,17 +114,14 @@ GROUP_RANGES = (
 
 def _param_groups(config) -> None:
   """Each parameter group's fields (research/optim.py); whether each matches a parameter is
-  checked when the parameters exist (train.setup)."""
+  checked when the optimizer first sees the parameters (optim.labels, in train.setup)."""
   for name, fields in optim.group_fields(config).items():
     try:
       re.compile(fields.match)
     except (re.error, TypeError) as e:
       raise UserError(f"param_groups.{name}.match={fields.match!r} is not a regex: {e}") from None
     _choice(f"param_groups.{name}.optimizer", fields.optimizer, optim.GROUP_OPTIMIZERS)
-    for field, allowed, ok in GROUP_RANGES:
-      value = fields[field]
-      if isinstance(value, bool) or not isinstance(value, int | float) or not ok(value):
-        raise UserError(f"param_groups.{name}.{field}={value!r} must be a number {allowed}")
+    _in_ranges(fields, GROUP_RANGES, prefix=f"param_groups.{name}.")
 
 
 class Checked(NamedTuple):
@@ -123,7 +129,7 @@ class Checked(NamedTuple):
   (parsing them is how they are checked), handed on so nothing is built twice."""
 
   per_device_batch: int
-  augment: Callable  # research/augment.py: (rng, images_u8, sizes) -> float32 images
+  augment: Callable  # research/augment.py build: (rng, images_u8, ...) -> float32 images
   eval_preprocess: Callable
 
 
@@ -135,10 +141,7 @@ def train_config(config: ml_collections.ConfigDict, n_devices: int) -> Checked:
     value = config[field]
     if not isinstance(value, int) or value < minimum:
       raise UserError(f"{field}={value!r} must be a whole number >= {minimum}")
-  for field, allowed, ok in RANGES:
-    value = config[field]
-    if isinstance(value, bool) or not isinstance(value, int | float) or not ok(value):
-      raise UserError(f"{field}={value!r} must be a number {allowed}")
+  _in_ranges(config, RANGES)
   if config.num_train_steps <= 0 and config.num_epochs < 1:
     raise UserError(
       f"num_epochs={config.num_epochs} with num_train_steps={config.num_train_steps} trains "
