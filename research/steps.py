@@ -5,7 +5,6 @@ examples from its batch with the data's `gather` (research/inputs.py): a device-
 shard it gathers from, or a batch host workers decoded and prefetched.
 """
 
-import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -170,16 +169,27 @@ def zero_totals(preprocess):
 
 
 def create_train_state(rng, config, model, image_shape, tx) -> TrainState:
+  """The initial state, on the host: the model's variables and the optimizer's state come out
+  of one compiled program (the optimizer's state op by op would compile one program per
+  parameter shape)."""
+
+  def init(rng, image):
+    variables = model.init(rng, image, train=False)
+    return variables, tx.init(variables["params"])
+
   image = jnp.zeros((1, *image_shape), jnp.float32)
-  init = jax.jit(functools.partial(model.init, train=False)).lower(rng, image)
   # It runs once. On CPU, XLA's backend optimizations of its random initializers take longer
   # to compile than they save in the one run.
   options = {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else None
-  variables = init.compile(compiler_options=options)(rng, image)
-  state = TrainState.create(
+  variables, opt_state = (
+    jax.jit(init).lower(rng, image).compile(compiler_options=options)(rng, image)
+  )
+  state = TrainState(
+    step=0,
     apply_fn=model.apply,
     params=variables["params"],
-    batch_stats=variables.get("batch_stats", {}),
     tx=tx,
+    opt_state=opt_state,
+    batch_stats=variables.get("batch_stats", {}),
   )
   return jax.device_get(state)

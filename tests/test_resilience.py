@@ -3,6 +3,7 @@ checkpoints, NaN stops, TensorBoard output."""
 
 import json
 import random
+import shutil
 import signal
 import struct
 import subprocess
@@ -73,10 +74,16 @@ def _wait_for_step(workdir, step, process, timeout=300):
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
+def uninterrupted_workdir(tmp_path_factory):
+  """The workdir of one run of ARGS on 8 devices, never interrupted (read-only: copy it)."""
   workdir = tmp_path_factory.mktemp("uninterrupted")
   _finish(_start(workdir))
-  return _final(workdir)
+  return workdir
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(uninterrupted_workdir):
+  return _final(uninterrupted_workdir)
 
 
 def test_resume_after_sigkill_is_exact(uninterrupted, tmp_path):
@@ -133,13 +140,14 @@ def test_a_second_ctrl_c_aborts_at_once(tmp_path):
   assert "Ctrl-C again to abort now" in result.stderr and "second Ctrl-C: aborting" in result.stderr
 
 
-def test_checkpoint_from_8_devices_restores_the_same_state_on_1(tmp_path, devices=1):
-  _finish(_start(tmp_path, extra=["--config.num_train_steps=4"]))
+def test_checkpoint_from_8_devices_restores_the_same_state_on_1(uninterrupted_workdir, tmp_path):
+  devices = 1
+  shutil.copytree(uninterrupted_workdir, tmp_path, dirs_exist_ok=True)
   saved_eval = _records(tmp_path)[-1]
   # Resumed at its last step, the run only evaluates: the restored parameters and BatchNorm
   # statistics, evaluated on fewer devices, give the 8-device evaluation.
-  output = _finish(_start(tmp_path, devices=devices, extra=["--config.num_train_steps=4"]))
-  assert "resumed from the checkpoint at step 4" in output and f"| {devices} devices" in output
+  output = _finish(_start(tmp_path, devices=devices))
+  assert "resumed from the checkpoint at step 14" in output and f"| {devices} devices" in output
   restored_eval = _records(tmp_path)[-1]
   assert restored_eval["eval_examples"] == saved_eval["eval_examples"]
   np.testing.assert_allclose(restored_eval["eval_loss"], saved_eval["eval_loss"], rtol=1e-5)

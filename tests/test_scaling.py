@@ -16,8 +16,8 @@ def test_report_writes_a_row_per_device_count_and_mode_and_a_plot(tmp_path, monk
   monkeypatch.setattr(scaling, "device_counts", lambda n: [1, 2])  # two child runs: quick
   spec = "configs/cifar_keras_cnn.py:smoke"
   config = configuration.load(spec)
-  config.update(scaling_steps=15, scaling_strong=True)
-  rows = scaling.run(config, spec, [("scaling_steps", "15")], tmp_path)
+  config.update(scaling_steps=6, scaling_strong=True)
+  rows = scaling.run(config, spec, [("scaling_steps", "6")], tmp_path)
 
   with open(tmp_path / "scaling.csv") as f:
     saved = list(csv.DictReader(f))
@@ -36,9 +36,9 @@ def test_a_rerun_into_the_same_workdir_trains_fresh_children(tmp_path, monkeypat
   monkeypatch.setattr(scaling, "device_counts", lambda n: [1])
   spec = "configs/cifar_keras_cnn.py:smoke"
   config = configuration.load(spec)
-  config.update(scaling_steps=15)
+  config.update(scaling_steps=6)
   for _ in range(2):
-    scaling.run(config, spec, [("scaling_steps", "15")], tmp_path)
+    scaling.run(config, spec, [("scaling_steps", "6")], tmp_path)
   for run in ("run-1", "run-2"):  # the second report did not resume the first one's child
     lines = (tmp_path / "scaling" / run / "weak-1" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines if "loss" in x][0] == 1
