@@ -272,20 +272,47 @@ def _metrics(workdir: Path) -> list[dict]:
   return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def _train(args: list[str], workdir: Path, budget_end: float) -> bool:
-  """Runs `./launch.sh ARGS --workdir=WORKDIR` as a child; at the budget's end it is sent
-  SIGTERM (it checkpoints and stops). True if it ran to the end."""
-  command = [sys.executable, "-m", "research.main", f"--config={args[0]}", *args[1:]]
-  process = subprocess.Popen([*command, f"--workdir={workdir}"])
+class Stopped(Exception):
+  """This process was sent SIGTERM while a child ran; the child stopped first (checkpointed)."""
+
+
+def run_child(command: list[str], timeout: float | None = None, **popen) -> int | None:
+  """Runs `command` to its end and returns its exit code, or None if `timeout` seconds passed
+  first (the child is then sent SIGTERM, and checkpoints and stops). A SIGTERM to this process
+  is passed on to the child, waited for, and raised as Stopped; on Ctrl-C (which a terminal
+  sends the child too) this process waits for the child before it stops."""
+  process = subprocess.Popen(command, **popen)
+
+  def stop(signum, frame):
+    raise Stopped
+
+  previous = signal.signal(signal.SIGTERM, stop)
   try:
-    return process.wait(timeout=max(1.0, budget_end - time.time())) == 0
-  except subprocess.TimeoutExpired:
-    process.send_signal(signal.SIGTERM)
-    process.wait()
-    return False
+    try:
+      return process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+      process.send_signal(signal.SIGTERM)
+      process.wait()
+      return None
+    except Stopped:
+      process.send_signal(signal.SIGTERM)
+      process.wait()
+      raise
+    except KeyboardInterrupt:
+      process.wait()  # a second Ctrl-C aborts both
+      raise
   finally:
+    signal.signal(signal.SIGTERM, previous)
     if process.poll() is None:
       process.kill()
+
+
+def _train(args: list[str], workdir: Path, budget_end: float) -> bool:
+  """Runs `./launch.sh ARGS --workdir=WORKDIR` as a child, stopped at the budget's end (it
+  checkpoints). True if it ran to the end."""
+  command = [sys.executable, "-m", "research.main", f"--config={args[0]}", *args[1:]]
+  code = run_child([*command, f"--workdir={workdir}"], timeout=max(1.0, budget_end - time.time()))
+  return code == 0
 
 
 def _jpeg_folder(root: Path, classes: int, per_class: int) -> Path:

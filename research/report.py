@@ -19,14 +19,14 @@ Parts, at GPU sizes (a CPU host runs the same parts at CPU sizes, so the report 
 Each measurement writes one JSON record, results/<machine>/<part>-<name>.json; one already
 recorded is skipped (`--again` redoes it). A part stops starting measurements once `--budget`
 seconds have passed, and a training run is stopped (SIGTERM: it checkpoints) at the budget and
-resumed by the next invocation, so every invocation fits a 10-minute slot.
+resumed by the next invocation, so every invocation fits a 10-minute slot. A SIGTERM or Ctrl-C
+to the report reaches the training run first: it checkpoints, and the next invocation resumes it.
 """
 
 import argparse
 import json
 import os
 import shlex
-import subprocess
 import sys
 import tarfile
 import time
@@ -218,7 +218,7 @@ def run(args) -> int:
     forwarded = [a for a in sys.argv[1:] if not a.startswith("--only")]
     for part in PARTS:
       command = [sys.executable, "-m", "research.report", f"--only={part}", *forwarded]
-      if code := subprocess.run(command, env=children).returncode:
+      if code := measure.run_child(command, env=children):
         return code
     return 0
   if args.only.startswith("peer"):  # JAX takes device memory as it needs it, leaving PyTorch room
@@ -308,6 +308,10 @@ def main() -> int:
   except UserError as e:
     print(f"error: {e}", file=sys.stderr)
     return EXIT_USER_ERROR
+  except (measure.Stopped, KeyboardInterrupt) as e:
+    why = "interrupted (Ctrl-C)" if isinstance(e, KeyboardInterrupt) else "stopped (SIGTERM)"
+    print(f"report {why}; a training run stops at a checkpoint: run the report again to go on")
+    return 130 if isinstance(e, KeyboardInterrupt) else 0
 
 
 if __name__ == "__main__":

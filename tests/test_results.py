@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -73,3 +74,31 @@ def test_peer_measurements_are_skipped_where_torch_does_not_import(tmp_path):
   command += [f"--results={tmp_path / 'results'}", f"--workdir={tmp_path / 'runs'}"]
   result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
   assert result.returncode == 0 and "peer: skipped, torch does not import here" in result.stdout
+
+
+def test_a_sigterm_to_the_report_stops_its_child_run_first():
+  """The child stands in for a training run: on SIGTERM it checkpoints, then exits."""
+  child = (
+    "import signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, lambda *_: (print('checkpointed', flush=True), sys.exit(0)))\n"
+    "print('training', flush=True)\n"
+    "time.sleep(60)\n"
+  )
+  report = (
+    "import sys\n"
+    "from research import measure\n"
+    "try:\n"
+    f"  measure.run_child([sys.executable, '-c', {child!r}])\n"
+    "except measure.Stopped:\n"
+    "  print('stopped after its child', flush=True)\n"
+  )
+  process = subprocess.Popen(
+    [sys.executable, "-c", report], cwd=ROOT, stdout=subprocess.PIPE, text=True
+  )
+  try:
+    assert process.stdout.readline() == "training\n"
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=60)
+  finally:
+    process.kill()
+  assert output == "checkpointed\nstopped after its child\n" and process.returncode == 0
