@@ -309,10 +309,11 @@ def run_child(command: list[str], timeout: float | None = None, **popen) -> int 
 
 def _train(args: list[str], workdir: Path, budget_end: float) -> bool:
   """Runs `./launch.sh ARGS --workdir=WORKDIR` as a child, stopped at the budget's end (it
-  checkpoints). True if it ran to the end."""
+  checkpoints). True if it ran to the end: a run preempted by anyone exits 0 as well, so its
+  log must end with the final eval, the one record that carries `train_sec`."""
   command = [sys.executable, "-m", "research.main", f"--config={args[0]}", *args[1:]]
   code = run_child([*command, f"--workdir={workdir}"], timeout=max(1.0, budget_end - time.time()))
-  return code == 0
+  return code == 0 and "train_sec" in (_metrics(workdir) or [{}])[-1]
 
 
 def _jpeg_folder(root: Path, classes: int, per_class: int) -> Path:

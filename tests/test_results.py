@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from research import report, results
+from research import measure, report, results
 
 ROOT = Path(__file__).parent.parent
 
@@ -102,3 +102,16 @@ def test_a_sigterm_to_the_report_stops_its_child_run_first():
   finally:
     process.kill()
   assert output == "checkpointed\nstopped after its child\n" and process.returncode == 0
+
+
+def test_a_run_preempted_by_someone_else_is_not_recorded_as_finished(tmp_path, monkeypatch):
+  """A run that a cluster preempts exits 0, as a finished one does; only the log tells."""
+  log = tmp_path / "metrics.jsonl"
+  ends = {
+    "preempted": {"step": 75, "eval_accuracy": 0.7},
+    "finished": {"step": 200, "train_sec": 9},
+  }
+  for end, finished in (("preempted", False), ("finished", True)):
+    log.write_text(json.dumps({"step": 1, "loss": 2.3}) + "\n" + json.dumps(ends[end]) + "\n")
+    monkeypatch.setattr(measure, "run_child", lambda *a, **k: 0)
+    assert measure._train(["configs/cifar_speedrun.py"], tmp_path, budget_end=0) is finished
