@@ -85,29 +85,70 @@ def _percent(x: float) -> str:
   return f"{x:.2%}".replace("%", " %")
 
 
+def _recipe(name: str) -> str:
+  """The recipe a measurement belongs to: runs named NAME-seedN differ only in their seed."""
+  return re.sub(r"-seed\d+$", "", name)
+
+
+def _recipe_label(entries: list[dict]) -> str:
+  """'Speedrun (8 epochs), float32, seeds 0–2' for entries of one recipe and dtype."""
+  label = re.sub(r", seed \d+$", "", entries[0]["label"]) + f", {entries[0]['dtype']}"
+  seeds = sorted(int(m.group(1)) for e in entries if (m := re.search(r"seed (\d+)$", e["label"])))
+  if len(seeds) == 1:
+    return f"{label}, seed {seeds[0]}"
+  if seeds and seeds == list(range(seeds[0], seeds[-1] + 1)):
+    return f"{label}, seeds {seeds[0]}–{seeds[-1]}"
+  return f"{label}, seeds {', '.join(map(str, seeds))}" if seeds else label
+
+
+def _by_recipe(entries: list[dict], platform) -> list[list[dict]]:
+  """`entries` grouped by recipe, dtype and `platform(entry)`, in order of first appearance."""
+  groups: dict[tuple, list[dict]] = {}
+  for e in entries:
+    groups.setdefault((_recipe(e["name"]), e["dtype"], platform(e)), []).append(e)
+  return list(groups.values())
+
+
+def _accuracy(values: list[float]) -> str:
+  """One run's accuracy, or the mean ± the standard deviation (n - 1) of several seeds'."""
+  if len(values) == 1:
+    return _percent(values[0])
+  mean = sum(values) / len(values)
+  std = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+  return f"mean {100 * mean:.2f} ± {100 * std:.2f} %"
+
+
 def main_table(records: list[dict], expected: list[dict]) -> str:
-  """The README's table: one row per trained recipe and machine, and a 'not measured yet' row
-  for each planned measurement (`expected`: {"name", "label", "hardware", "command"}) that has
-  no record on hardware of its kind."""
+  """The README's table: one row per trained recipe and machine (the seeds of one recipe share
+  it: mean and standard deviation), and a 'not measured yet' row for the planned measurements
+  (`expected`: {"name", "label", "hardware", "command"}) with no record on hardware of their
+  kind."""
   header = ["config", "data", "test accuracy", "wall time", "examples/s", "hardware, date"]
   header.append("command")
   rows = []
   main = [r for r in records if r["part"] == "main"]
-  for r in main:
-    n = r["numbers"]
-    accuracy = _percent(n["test_accuracy"])
-    if "test_accuracy_first_view" in n:
-      accuracy += f" with TTA ({_percent(n['test_accuracy_first_view'])} without)"
+  for group in _by_recipe(main, lambda r: r["machine"]):
+    numbers = [r["numbers"] for r in group]
+    accuracy = _accuracy([n["test_accuracy"] for n in numbers])
+    if "test_accuracy_first_view" in numbers[0]:
+      first_view = _accuracy([n["test_accuracy_first_view"] for n in numbers])
+      accuracy += f" with TTA ({first_view} without)"
+    wall_time = ("mean " if len(group) > 1 else "") + _duration(
+      sum(n["wall_time_sec"] for n in numbers) / len(group)
+    )
+    if "train_sec" in numbers[0]:
+      wall_time += f" (training {sum(n['train_sec'] for n in numbers) / len(group):.1f} s)"
+    dates = sorted({r["date"] for r in group})
+    date = dates[0] if len(dates) == 1 else f"{dates[0]} – {dates[-1]}"
     rows.append(
       [
-        f"{r['label']}, {r['dtype']}",
-        r["dataset"],
+        _recipe_label(group),
+        group[0]["dataset"],
         accuracy,
-        _duration(n["wall_time_sec"])
-        + (f" (training {n['train_sec']:.1f} s)" if "train_sec" in n else ""),
-        f"{n['examples_per_sec']:,.0f}",
-        f"{hardware(r)}, {r['date']}",
-        f"`{r['command']}`",
+        wall_time,
+        f"{sum(n['examples_per_sec'] for n in numbers) / len(group):,.0f}",
+        f"{hardware(group[0])}, {date}",
+        f"`{group[0]['command']}`",
       ]
     )
   missing = [
@@ -115,17 +156,10 @@ def main_table(records: list[dict], expected: list[dict]) -> str:
     for e in expected
     if not any(r["name"] == e["name"] and r["device"]["platform"] == e["platform"] for r in main)
   ]
-  # Runs of one recipe with other seeds (NAME-seedN) share one row while not measured.
-  groups: dict[tuple, list[dict]] = {}
-  for e in missing:
-    groups.setdefault((re.sub(r"-seed\d+$", "", e["name"]), e["platform"]), []).append(e)
-  for group in groups.values():
+  for group in _by_recipe(missing, lambda e: e["platform"]):
     e = group[0]
-    label = re.sub(r", seed \d+$", "", e["label"]) + f", {e['dtype']}"
-    if len(group) > 1:
-      seeds = [re.search(r"seed (\d+)$", g["label"]).group(1) for g in group]
-      label += f", seeds {seeds[0]}–{seeds[-1]}"
-    rows.append([label, e["dataset"], NOT_MEASURED, "", "", e["hardware"], f"`{e['command']}`"])
+    command = f"`{e['command']}`"
+    rows.append([_recipe_label(group), e["dataset"], NOT_MEASURED, "", "", e["hardware"], command])
   return _table(header, rows)
 
 
@@ -199,10 +233,12 @@ def plot(records: list[dict], path: Path = PLOT) -> None:
 
   fig, ax = plt.subplots(figsize=(7, 4))
   runs = [r for r in records if r["part"] == "main"]
-  for r in runs:
-    minutes = [t / 60 for t, _, _ in r["curve"]]
-    label = f"{r['label']}, {r['dtype']}, {hardware(r)}"
-    ax.plot(minutes, [a for _, _, a in r["curve"]], "o-", ms=3, label=label)
+  for color, group in enumerate(_by_recipe(runs, lambda r: r["machine"])):
+    for i, r in enumerate(group):  # the seeds of one recipe: one colour, one legend entry
+      minutes = [t / 60 for t, _, _ in r["curve"]]
+      label = f"{_recipe_label(group)}, {hardware(r)}" if i == 0 else None
+      accuracy = [a for _, _, a in r["curve"]]
+      ax.plot(minutes, accuracy, "o-", color=f"C{color}", ms=3, alpha=0.8, label=label)
   ax.set(xlabel="wall time (minutes)", ylabel="test accuracy", title="Accuracy against time")
   if runs:
     ax.set_xscale("log")  # GPU runs take minutes, CPU runs hours

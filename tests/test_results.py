@@ -20,6 +20,31 @@ def test_the_readme_and_benchmarks_tables_are_the_committed_records_rendered():
     )
 
 
+def test_the_seeds_of_one_recipe_share_a_row_with_their_mean_and_spread(tmp_path):
+  seed0 = json.loads(
+    (results.RESULTS / "amd-epyc-2-cores/main-cifar_speedrun-seed0.json").read_text()
+  )
+  seed1 = json.loads(json.dumps(seed0))
+  seed1.update(name="cifar_speedrun-seed1", label="Speedrun (8 epochs), seed 1", date="2026-11-25")
+  seed1["numbers"].update(test_accuracy=0.9012, test_accuracy_first_view=0.8920, wall_time_sec=3600)
+  for record in (seed0, seed1):
+    results.write(record, tmp_path)
+  table = results.main_table(results.load(tmp_path), report.expected_rows())
+  rows = [line for line in table.splitlines() if "Speedrun (8 epochs), float32" in line]
+  mean_time = results._duration((seed0["numbers"]["wall_time_sec"] + 3600) / 2)
+  assert rows[0].startswith(
+    "| Speedrun (8 epochs), float32, seeds 0–1 | cifar10-jpeg (50,000 train, 10,000 test) | "
+    f"mean 90.50 ± 0.54 % with TTA (mean 89.52 ± 0.45 % without) | mean {mean_time} |"
+  ), rows
+  assert "2-core AMD EPYC (1 CPU device), 2026-11-24 – 2026-11-25 |" in rows[0]
+  assert (
+    rows[1].startswith("| Speedrun (8 epochs), float32, seed 2 |") and "not measured yet" in rows[1]
+  )
+  assert len(rows) == 2
+  results.plot(results.load(tmp_path), tmp_path / "plot.png")
+  assert (tmp_path / "plot.png").stat().st_size > 0
+
+
 def _report(tmp_path, *args):
   command = [sys.executable, "-m", "research.report", "--scale=tiny", *args]
   command += [f"--results={tmp_path / 'results'}", f"--workdir={tmp_path / 'runs'}"]
