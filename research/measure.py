@@ -11,12 +11,15 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 from research import results
 from research.errors import UserError
@@ -41,7 +44,8 @@ class Measurement:
   steps: int = 0  # timed steps (throughput, peer) or steps to train (streamed)
   search_batch: bool = False  # throughput: also the largest global batch that fits ...
   search_up_to: int = 16  # ... trying up to this many times the config's batch
-  peer: str = ""  # peer: the PyTorch network (research/peer_torch.py)
+  peer: str = ""  # peer: the PyTorch network (research/peer_torch.py), or "airbench" (steps:
+  # the runs of each recipe, research/peer_airbench.py)
   image_size: int = 32  # peer: input pixels per side
 
   def config_dict(self):
@@ -265,6 +269,70 @@ def peer(m: Measurement, device: dict, theirs: dict) -> list[dict]:
   }
   command = f"./launch.sh report --only peer:{m.name}"
   return [_record(m, device, command, numbers, versions_extra=("torch", "torchvision"))]
+
+
+def airbench(m: Measurement, device: dict, workdir: Path, budget_end: float, data: Path, script):
+  """The speedrun against airbench94_muon (research/peer_airbench.py) on the same GPU and the
+  same pixels, in one invocation: its `m.steps` runs, then as many of ours (seeds 0, 1, ...).
+  Ours is the training time from data on the device to the final weights (compile and evals
+  apart); theirs is the script's own time (its whitening init, training and TTA eval)."""
+  from research.data import folder
+
+  theirs_path = workdir / "airbench.json"  # a finished part is kept when the budget stops ours
+  if not theirs_path.exists():
+    dataset = folder.load_resident(folder.scan(str(data)), skip_bad=False)
+    workdir.mkdir(parents=True, exist_ok=True)
+    pixels = workdir / "pixels.npz"
+    np.savez(
+      pixels,
+      train_images=dataset.train_images,
+      train_labels=dataset.train_labels,
+      test_images=dataset.test_images,
+      test_labels=dataset.test_labels,
+      num_classes=dataset.num_classes,
+    )
+    command = [sys.executable, "-m", "research.peer_airbench", f"--script={script}"]
+    command += [f"--pixels={pixels}", f"--runs={m.steps}", f"--workdir={workdir / 'airbench'}"]
+    with open(workdir / "airbench.log", "w") as log:
+      code = run_child(command, timeout=max(1.0, budget_end - time.time()), stdout=log)
+    if code != 0:
+      print(f"peer {m.name}: airbench94_muon did not finish (exit {code}): {workdir}/airbench.log")
+      return []
+    theirs_path.write_text((workdir / "airbench.log").read_text().strip().splitlines()[-1])
+  theirs = json.loads(theirs_path.read_text())
+  ours = []
+  for seed in range(m.steps):
+    run = workdir / f"ours-seed{seed}"
+    if "train_sec" not in (_metrics(run) or [{}])[-1]:
+      shutil.rmtree(run, ignore_errors=True)  # one launch from step 0: its time is the run's
+      args = train_command(m, {"dataset": "folder", "data_dir": str(data), "seed": seed})
+      if not _train(args, run, budget_end):
+        print(f"peer {m.name}: stopped at the budget; run the report again to continue")
+        return []
+    ours.append(_metrics(run)[-1])
+  numbers = {
+    "runs": m.steps,
+    "train_sec": [r["train_sec"] for r in ours],
+    "compile_sec": [r["compile_sec"] for r in ours],
+    "test_accuracy": [r["eval_accuracy"] for r in ours],
+    "test_accuracy_first_view": [r["eval_accuracy_first_view"] for r in ours],
+    "peer_time_sec": [r["time_sec"] for r in theirs["runs"]],
+    "peer_test_accuracy": [r["tta_accuracy"] for r in theirs["runs"]],
+    "peer_test_accuracy_first_view": [r["accuracy"] for r in theirs["runs"]],
+    "peer_warmup_sec": theirs["warmup_sec"],
+  }
+  numbers["ratio"] = statistics.mean(numbers["train_sec"]) / statistics.mean(
+    numbers["peer_time_sec"]
+  )
+  train_examples = len(folder.scan(str(data)).train.paths)
+  dataset = f"{data.name} ({train_examples:,} train, {ours[0]['eval_examples']:,} test)"
+  return [
+    _record(m, device, airbench_command(m), numbers, dataset=dataset, versions_extra=("torch",))
+  ]
+
+
+def airbench_command(m: Measurement) -> str:
+  return f"./launch.sh report --only peer:{m.name} --airbench airbench94_muon.py --data DIR"
 
 
 def _metrics(workdir: Path) -> list[dict]:

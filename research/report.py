@@ -10,7 +10,10 @@ Parts, at GPU sizes (a CPU host runs the same parts at CPU sizes, so the report 
               and at the largest that fits: examples/s, and FLOPs per step (XLA's cost analysis
               of the compiled step) over the device's peak (MFU).
   peer        the same networks' training steps in PyTorch on the same device, when torch
-              imports (research/peer_torch.py): our examples/s ÷ theirs.
+              imports (research/peer_torch.py): our examples/s ÷ theirs. On a CUDA GPU, the
+              speedrun against airbench94_muon itself (research/peer_airbench.py; the script
+              is fetched apart, --airbench PATH): 3 runs of each on the same pixels in one
+              invocation, our training time ÷ theirs.
   streamed    Inception-v3 in bfloat16 on generated ImageNet-sized JPEGs, streamed through as
               many decode workers as the host has cores: examples/s, input wait, and one
               worker's decode rate.
@@ -81,6 +84,11 @@ def plan(scale: str, cores: int) -> list[Measurement]:
     )  # fmt: skip
     streamed = (("model.dtype", "bfloat16"), ("data_workers", cores), ("model.num_classes", 10))
     m.append(Measurement("streamed", "inception_v3", "Inception-v3", inception, streamed, steps=60))
+    bf16 = (("model.dtype", "bfloat16"),)
+    label = "Speedrun (8 epochs) against airbench94_muon"
+    m.append(
+      Measurement("peer", "cifar_speedrun-airbench", label, speedrun, bf16, 3, peer="airbench")
+    )
     m += _dtypes("main", "cifar_vgg", "VGG-16 (200 epochs)", vgg)
     m += _seeds("cifar_speedrun-bfloat16", "Speedrun (8 epochs)", speedrun, 10, "bfloat16")
   elif scale == "cpu":
@@ -169,6 +177,8 @@ ROUGH_MINUTES = {
 
 
 def _rough_minutes(m: Measurement, scale: str, machine: Path) -> str:
+  if m.peer == "airbench":
+    return "a few minutes: PyTorch compiles with max-autotune, then 3 runs of each recipe"
   if m.part != "main" or scale == "tiny":
     return f"~{ROUGH_MINUTES[scale][m.part]:g} min"
   stem = m.name.split("-")[0]
@@ -195,14 +205,15 @@ def _prepare(args):
   ]
   if not chosen:
     raise UserError(f"--only={args.only} names no measurement; parts: {', '.join(PARTS)}")
-  data = image_folder(args.data) if any(m.part == "main" for m in chosen) else None
+  trains = lambda m: m.part == "main" or m.peer == "airbench"  # on the real CIFAR-10
+  data = image_folder(args.data) if any(map(trains, chosen)) else None
   recorded = lambda m: (machine_dir / f"{m.part}-{m.name}.json").exists()
   todo = [m for m in chosen if (args.again or not recorded(m))]
-  todo = [m for m in todo if not (m.part == "main" and data is None)]
+  todo = [m for m in todo if not (trains(m) and data is None)]
   print(f"report on {results.hardware({'device': device})} ({scale} sizes) into {machine_dir}")
   for m in chosen:
     state = "to measure" if m in todo else "recorded (--again redoes it)"
-    if m.part == "main" and data is None:
+    if trains(m) and data is None:
       state = "skipped: no real CIFAR-10 here (pass --data DIR or a .tar.gz of the JPEG folder)"
     print(f"  {m.part:10} {m.name:26} {state}; {_rough_minutes(m, scale, machine_dir)}")
   print(f"each part stops starting measurements after --budget={args.budget:g} s", flush=True)
@@ -244,6 +255,11 @@ def run(args) -> int:
       workdir = workdirs / f"{part}-{m.name}"
       if part == "throughput":
         records = measure.throughput(m, device)
+      elif m.peer == "airbench":
+        if skipped := _airbench_missing(Path(args.airbench)):
+          print(f"peer {m.name}: skipped, {skipped}", flush=True)
+          continue
+        records = measure.airbench(m, device, workdir, budget_end, data, Path(args.airbench))
       elif part == "peer":
         records = measure.peer(m, device, measure.peer_speed(m))
       elif part == "streamed":
@@ -255,6 +271,18 @@ def run(args) -> int:
   if Path(args.results).resolve() == results.RESULTS.resolve():
     render()
   return 0
+
+
+def _airbench_missing(script: Path) -> str:
+  """Why airbench94_muon cannot run here, or "" if it can: it needs the script (never part of
+  this project) and PyTorch with a CUDA GPU."""
+  import torch
+
+  if not torch.cuda.is_available():
+    return "airbench94_muon.py runs on a CUDA GPU only"
+  if not script.is_file():
+    return f"no {script} (--airbench PATH; docs/gpu_hosts.md says where to get it)"
+  return ""
 
 
 def render() -> None:
@@ -273,17 +301,22 @@ def expected_rows() -> list[dict]:
     for m in plan(scale, 1):
       if m.part == "main":
         args = measure.train_command(m, {"dataset": "folder", "data_dir": "DIR"})
-        rows.append(
-          {
-            "name": m.name,
-            "label": m.label,
-            "dtype": m.dtype,
-            "dataset": "cifar10-jpeg (50,000 train, 10,000 test)",
-            "platform": scale,
-            "hardware": hardware,
-            "command": "./launch.sh " + shlex.join(args),
-          }
-        )
+        command = "./launch.sh " + shlex.join(args)
+      elif m.peer == "airbench":
+        command = measure.airbench_command(m)
+      else:
+        continue
+      rows.append(
+        {
+          "name": m.name,
+          "label": m.label,
+          "dtype": m.dtype,
+          "dataset": "cifar10-jpeg (50,000 train, 10,000 test)",
+          "platform": scale,
+          "hardware": hardware,
+          "command": command,
+        }
+      )
   return rows
 
 
@@ -298,6 +331,9 @@ def main() -> int:
   parser.add_argument("--scale", choices=("gpu", "cpu", "tiny"), help="default: the backend's")
   parser.add_argument("--results", default=str(results.RESULTS), help=argparse.SUPPRESS)
   parser.add_argument("--workdir", default="runs/report", help="where the runs train")
+  parser.add_argument(
+    "--airbench", default=str(ROOT / "airbench94_muon.py"), help="the peer: airbench94_muon.py"
+  )
   args = parser.parse_args()
   try:
     environment.check({**environment.CORE, **environment.PLOTS})

@@ -118,6 +118,31 @@ def _accuracy(values: list[float]) -> str:
   return f"mean {100 * mean:.2f} ± {100 * std:.2f} %"
 
 
+def _seconds(values: list[float]) -> str:
+  mean = sum(values) / len(values)
+  if len(values) == 1:
+    return f"{mean:.2f} s"
+  std = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+  return f"{mean:.2f} ± {std:.2f} s"
+
+
+def _airbench_row(r: dict) -> list:
+  """The speedrun against airbench94_muon, measured in one invocation on one GPU."""
+  n = r["numbers"]
+  compile_sec = sum(n["compile_sec"]) / len(n["compile_sec"])
+  return [
+    f"{r['label']}, {r['dtype']}, {n['runs']} runs each",
+    r["dataset"],
+    f"ours {_accuracy(n['test_accuracy'])} with TTA, airbench94_muon "
+    f"{_accuracy(n['peer_test_accuracy'])}",
+    f"training: ours {_seconds(n['train_sec'])} (compile {compile_sec:.0f} s apart), "
+    f"airbench94_muon {_seconds(n['peer_time_sec'])}; ours ÷ theirs {n['ratio']:.2f}",
+    "",
+    f"{hardware(r)}, {r['date']}",
+    f"`{r['command']}`",
+  ]
+
+
 def main_table(records: list[dict], expected: list[dict]) -> str:
   """The README's table: one row per trained recipe and machine (the seeds of one recipe share
   it: mean and standard deviation), and a 'not measured yet' row for the planned measurements
@@ -151,10 +176,14 @@ def main_table(records: list[dict], expected: list[dict]) -> str:
         f"`{group[0]['command']}`",
       ]
     )
+  airbench = [r for r in records if "peer_time_sec" in r["numbers"]]
+  rows += [_airbench_row(r) for r in airbench]
   missing = [
     e
     for e in expected
-    if not any(r["name"] == e["name"] and r["device"]["platform"] == e["platform"] for r in main)
+    if not any(
+      r["name"] == e["name"] and r["device"]["platform"] == e["platform"] for r in main + airbench
+    )
   ]
   for group in _by_recipe(missing, lambda e: e["platform"]):
     e = group[0]
@@ -187,7 +216,7 @@ def throughput_table(records: list[dict]) -> str:
 
 def peer_table(records: list[dict]) -> str:
   rows = []
-  for r in (r for r in records if r["part"] == "peer"):
+  for r in (r for r in records if r["part"] == "peer" and "peer_examples_per_sec" in r["numbers"]):
     n = r["numbers"]
     rows.append(
       [

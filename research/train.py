@@ -280,7 +280,7 @@ def train_and_evaluate(
     """The final eval (every view) and checkpoint, with this launch's training time."""
     jax.block_until_ready(rstate)
     train_sec = clock.training()  # compile, evals and checkpoints excluded
-    final = evaluate(num_steps, rstate, train_sec=train_sec)
+    final = evaluate(num_steps, rstate, train_sec=train_sec, compile_sec=compile_sec)
     if is_main and start_step < num_steps:
       echo(
         f"trained steps {start_step + 1}-{num_steps} in {train_sec:.1f} s (compile, evals "
@@ -298,8 +298,9 @@ def train_and_evaluate(
   compile_start = time.perf_counter()
   p_train_step = jax.pmap(training.train_step, axis_name=AXIS, donate_argnums=(0,))
   p_train_step = p_train_step.lower(rstate, first_batch).compile()
+  compile_sec = time.perf_counter() - compile_start
   if is_main:
-    echo(f"compiled the train step in {time.perf_counter() - compile_start:.1f} s")
+    echo(f"compiled the train step in {compile_sec:.1f} s")
   batches = itertools.chain([first_batch], stream)
   progress = Progress(config, log, training.schedule, start_step, num_steps, echo, checkpoints)
   # The signal handlers stay until the last checkpoint is on disk: a second Ctrl-C while it is

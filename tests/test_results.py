@@ -45,6 +45,39 @@ def test_the_seeds_of_one_recipe_share_a_row_with_their_mean_and_spread(tmp_path
   assert (tmp_path / "plot.png").stat().st_size > 0
 
 
+def test_the_speedrun_against_airbench_takes_the_place_of_its_not_measured_row(tmp_path):
+  (m,) = [m for m in report.plan("gpu", 16) if m.peer == "airbench"]
+  device = {
+    "kind": "NVIDIA H100",
+    "count": 1,
+    "platform": "gpu",
+    "cpu_model": "x",
+    "host_cores": 16,
+  }
+  numbers = {
+    "runs": 2,
+    "train_sec": [3.0, 3.4],
+    "compile_sec": [41.0, 43.0],
+    "test_accuracy": [0.91, 0.92],
+    "peer_time_sec": [2.5, 2.7],
+    "peer_test_accuracy": [0.905, 0.915],
+    "ratio": 3.2 / 2.6,
+  }
+  record = measure._record(m, device, measure.airbench_command(m), numbers, dataset="cifar10-jpeg")
+  expected = report.expected_rows()
+  before = results.main_table([], expected)
+  assert "| Speedrun (8 epochs) against airbench94_muon, bfloat16 | cifar10-jpeg (50,000 " in before
+  table = results.main_table([record], expected)
+  assert "against airbench94_muon, bfloat16 | cifar10-jpeg (50,000" not in table
+  assert (
+    "| Speedrun (8 epochs) against airbench94_muon, bfloat16, 2 runs each | cifar10-jpeg | "
+    "ours mean 91.50 ± 0.71 % with TTA, airbench94_muon mean 91.00 ± 0.71 % | training: ours "
+    "3.20 ± 0.28 s (compile 42 s apart), airbench94_muon 2.60 ± 0.14 s; ours ÷ theirs 1.23 |  | "
+    "1× NVIDIA H100, "
+  ) in table
+  assert "`./launch.sh report --only peer:cifar_speedrun-airbench --airbench " in table
+
+
 def _report(tmp_path, *args):
   command = [sys.executable, "-m", "research.report", "--scale=tiny", *args]
   command += [f"--results={tmp_path / 'results'}", f"--workdir={tmp_path / 'runs'}"]

@@ -1,0 +1,92 @@
+"""airbench94_muon, the speedrun's PyTorch original, on the same GPU and the same pixels.
+
+  python -m research.peer_airbench --script airbench94_muon.py --pixels cifar.npz --runs 3
+
+`airbench94_muon.py` (K. Jordan, github.com/KellerJordan/cifar10-airbench) is not part of this
+project and never a dependency: the report runs this where PyTorch sees a CUDA GPU and the
+script is at hand (docs/gpu_hosts.md). The script reads CIFAR-10 from cifar10/{train,test}.pt
+in its working directory; these are written from `--pixels` (the images our runs decode), so
+both recipes train on the same images. It runs as the script's own `__main__` does: the model
+compiled once (torch.compile, max-autotune), a warmup run, then `--runs` runs. Prints one JSON
+line: for each run the script's own `time_seconds` (the whitening init, the 8 epochs of
+training and the TTA eval, timed with CUDA events; its per-epoch evals excluded), its accuracy
+with TTA and its last epoch's without; and the warmup's wall time (compile included).
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def write_pixels(pixels: Path, directory: Path) -> None:
+  """The images and labels of `pixels` (an .npz of train/test images and labels) as the
+  script's cifar10/train.pt and test.pt (uint8 NHWC images, int64 labels, class names)."""
+  import torch
+
+  data = np.load(pixels)
+  directory.mkdir(parents=True, exist_ok=True)
+  classes = [str(c) for c in range(int(data["num_classes"]))]
+  for split in ("train", "test"):
+    images = torch.from_numpy(data[f"{split}_images"])
+    labels = torch.from_numpy(data[f"{split}_labels"].astype(np.int64))
+    torch.save({"images": images, "labels": labels, "classes": classes}, directory / f"{split}.pt")
+
+
+def load_script(path: Path):
+  sys.argv = [str(path)]  # the script reads its own source from sys.argv[0], for its logs
+  spec = importlib.util.spec_from_file_location("airbench94_muon", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--script", type=Path, required=True, help="airbench94_muon.py")
+  parser.add_argument("--pixels", type=Path, required=True, help="train/test images, .npz")
+  parser.add_argument("--runs", type=int, default=3)
+  parser.add_argument("--workdir", type=Path, default=Path("."))
+  args = parser.parse_args()
+  script, pixels = args.script.resolve(), args.pixels.resolve()
+  args.workdir.mkdir(parents=True, exist_ok=True)
+  os.chdir(args.workdir)
+  import torch
+
+  write_pixels(pixels, Path("cifar10"))
+  airbench = load_script(script)
+  rows = []  # what the script would print: each epoch's locals, then the final eval's
+
+  def record(variables, is_final_entry):
+    rows.append({k: variables.get(k) for k in ("epoch", "val_acc", "tta_val_acc", "time_seconds")})
+
+  airbench.print_training_details = record
+  model = airbench.CifarNet().cuda().to(memory_format=torch.channels_last)
+  model.compile(mode="max-autotune")
+  start = time.perf_counter()
+  airbench.main("warmup", model)
+  torch.cuda.synchronize()
+  warmup_sec = time.perf_counter() - start
+  runs = []
+  for run in range(args.runs):
+    rows.clear()
+    tta_accuracy = airbench.main(run, model)
+    final = rows[-1]
+    runs.append(
+      {
+        "time_sec": final["time_seconds"],
+        "tta_accuracy": tta_accuracy,
+        "accuracy": final["val_acc"],
+      }
+    )
+  versions = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name()}
+  print(json.dumps({"runs": runs, "warmup_sec": warmup_sec, **versions}))
+
+
+if __name__ == "__main__":
+  main()
