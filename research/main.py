@@ -103,11 +103,17 @@ def run(argv: list[str]) -> int:
   workdir_lib.check_resumable(workdir, config, args.allow_config_change)
   if config.experiment == "train" and config.scaling_report:
     from research import scaling, validate
+    from research.measure import Stopped
 
     environment.check(environment.PLOTS)
     validate.train_config(config, jax.local_device_count())  # every device count, up front
     workdir_lib.prepare(workdir, config)
-    scaling.run(config, args.config, overrides, workdir)
+    try:
+      scaling.run(config, args.config, overrides, workdir)
+    except (Stopped, KeyboardInterrupt) as e:
+      why = "interrupted (Ctrl-C)" if isinstance(e, KeyboardInterrupt) else "stopped (SIGTERM)"
+      print(f"scaling report {why} before it measured every device count; nothing written")
+      return EXIT_INTERRUPTED if isinstance(e, KeyboardInterrupt) else 0
     return 0
   if config.experiment == "train":
     from research.train import train_and_evaluate

@@ -14,13 +14,13 @@ import csv
 import json
 import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 import jax
 
 from research.errors import UserError
+from research.measure import run_child
 
 COLUMNS = [
   "config",
@@ -68,16 +68,13 @@ def _measure(spec, overrides, workdir: Path, n_devices: int, batch: int, config,
     "--config.checkpoint_every_steps=0",
     "--config.eval_every_steps=0",
   ]
-  result = subprocess.run(
-    [sys.executable, "-m", "research.main", f"--config={spec}", *args],
-    env=env_for(n_devices, backend),
-    capture_output=True,
-    text=True,
-  )
-  if result.returncode:
-    raise UserError(
-      f"the {n_devices}-device run failed: {(result.stderr or result.stdout).strip()[-500:]}"
-    )
+  command = [sys.executable, "-m", "research.main", f"--config={spec}", *args]
+  log = workdir.with_name(f"{workdir.name}.log")
+  log.parent.mkdir(parents=True, exist_ok=True)
+  with open(log, "w") as out:  # a SIGTERM to this report stops the child first (run_child)
+    code = run_child(command, env=env_for(n_devices, backend), stdout=out, stderr=out)
+  if code:
+    raise UserError(f"the {n_devices}-device run failed: {log.read_text().strip()[-500:]}")
   lines = (workdir / "metrics.jsonl").read_text().splitlines()
   train = [r for r in map(json.loads, lines) if "loss" in r][2:]  # skip step 1 and warm-up
   return {

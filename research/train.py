@@ -159,7 +159,8 @@ def _describe(config, training: Training, state, echo) -> None:
   n_params = sum(x.size for x in jax.tree.leaves(state.params))
   per_device, micro = training.per_device_batch, training.micro_batch
   echo(
-    f"{config.model.name}: {n_params:,} parameters | {jax.device_count()} devices "
+    f"{config.model.name}: {n_params:,} parameters | {jax.device_count()} "
+    f"device{'s' if jax.device_count() > 1 else ''} "
     f"({jax.devices()[0].device_kind}) | global batch {config.batch_size} = "
     f"{per_device} per device{f' in micro-batches of {micro}' if micro < per_device else ''} | "
     f"{training.inputs.steps_per_epoch} steps/epoch, {training.num_steps} steps"
