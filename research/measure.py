@@ -273,7 +273,8 @@ def peer(m: Measurement, device: dict, theirs: dict) -> list[dict]:
 
 def airbench(m: Measurement, device: dict, workdir: Path, budget_end: float, data: Path, script):
   """The speedrun against airbench94_muon (research/peer_airbench.py) on the same GPU and the
-  same pixels, in one invocation: its `m.steps` runs, then as many of ours (seeds 0, 1, ...).
+  same pixels: its `m.steps` runs, then as many of ours (seeds 0, 1, ...), in one invocation
+  (theirs are kept if the budget stops ours, which the next invocation trains again).
   Ours is the training time from data on the device to the final weights (compile and evals
   apart); theirs is the script's own time (its whitening init, training and TTA eval)."""
   from research.data import folder
