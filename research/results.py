@@ -273,8 +273,11 @@ def plot(records: list[dict], path: Path = PLOT) -> None:
     ax.set_xscale("log")  # GPU runs take minutes, CPU runs hours
     plain = matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:g}")
     ax.xaxis.set_major_formatter(plain)
-    # Minor ticks labelled at 2, 3 and 5 times a power of ten: 9 would crowd the next 10.
-    sparse = lambda value, _: f"{value:g}" if f"{value:g}".lstrip("0.")[:1] in "235" else ""
+
+    def sparse(value, _):  # minor ticks labelled at 2, 3 and 5 × 10^k: 9 would crowd the 10
+      text = f"{value:g}"
+      return text if text.lstrip("0.")[:1] in ("2", "3", "5") else ""
+
     ax.xaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(sparse))
     ax.tick_params(axis="x", which="minor", labelsize=7)
     ax.legend(fontsize=7, loc="lower right")
