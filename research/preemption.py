@@ -2,8 +2,14 @@
 
 While a run trains, SIGTERM and the first Ctrl-C (SIGINT) only set a flag: the run finishes
 its step, writes a checkpoint, prints the command that resumes it and exits. A second Ctrl-C
-aborts at once; the checkpoint before stays intact (orbax writes a new one under a temporary
-name and renames it only when it is complete).
+aborts at once, whatever the main thread is doing (a step, a compile or a save in flight);
+the checkpoint before stays intact (orbax writes a new one under a temporary name and renames
+it only when it is complete).
+
+Python runs its signal handlers in the main thread, between bytecodes, so a main thread busy
+in XLA would hear a Ctrl-C only when that call returns. Here the C-level handler writes each
+signal's number to a pipe (`signal.set_wakeup_fd`) and a watcher thread reads it: a signal is
+acted on when it arrives, and two Ctrl-C in a row count as two.
 
 With several processes, a signal may reach only some of them. Each process's flag is
 combined with everyone's at the same steps (every `every` steps, one tiny all-gather), so all
@@ -13,6 +19,7 @@ processes stop after the same step and save one checkpoint together; none steps 
 import os
 import signal
 import sys
+import threading
 
 import jax
 import numpy as np
@@ -29,14 +36,27 @@ class Preemption:
   def __init__(self, every: int):
     self.every = every  # steps between agreements when there are several processes
     self.signal: int | None = None  # the first signal received, if any
-    self._previous = {}
 
   def __enter__(self):
-    self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+    self._read, self._write = os.pipe()
+    os.set_blocking(self._write, False)  # the C-level handler must never block
+    self._previous_wakeup = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+    # A Python handler that does nothing: the watcher acts; without one SIGINT would raise
+    # KeyboardInterrupt in the main thread.
+    self._previous = {s: signal.signal(s, lambda *_: None) for s in self.SIGNALS}
+    self._watcher = threading.Thread(target=self._watch, name="preemption", daemon=True)
+    self._watcher.start()
     return self
 
-  def _handle(self, signum, frame):
-    del frame
+  def _watch(self):
+    while True:
+      for signum in os.read(self._read, 64):
+        if signum == 0:  # __exit__'s stop: 0 is no signal's number
+          return
+        if signum in self.SIGNALS:
+          self._handle(signum)
+
+  def _handle(self, signum):
     if signum == signal.SIGINT and self.signal == signal.SIGINT:
       print(
         "\nsecond Ctrl-C: aborting now; the checkpoints already written stay as they were",
@@ -55,6 +75,11 @@ class Preemption:
   def __exit__(self, *exc):
     for s, handler in self._previous.items():
       signal.signal(s, handler)
+    signal.set_wakeup_fd(self._previous_wakeup)
+    os.write(self._write, b"\0")
+    self._watcher.join()
+    os.close(self._write)
+    os.close(self._read)
 
   def stop_after(self, step: int) -> bool:
     """Whether to save and stop after `step`: the same answer in every process."""
