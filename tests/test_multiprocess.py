@@ -2,6 +2,7 @@
 
 import json
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -16,7 +17,7 @@ from research.steps import AXIS, create_train_state
 from research.train import train_and_evaluate
 
 SMOKE = "configs/cifar_vgg.py:smoke"
-STEPS = 2
+STEPS = 2  # the resumed pair's steps
 
 
 def _free_port() -> int:
@@ -25,20 +26,21 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _config():
+def _config(steps: int):
+  """The config the resumed pair runs with."""
   config = configuration.load(SMOKE)
-  config.update(num_train_steps=STEPS, log_every_steps=1)
+  config.update(num_train_steps=steps, log_every_steps=2, checkpoint_every_steps=0)
   return config
 
 
 def _final_params(workdir, config):
   model = models.create(config.model, AXIS)
-  tx = optim.create_optimizer(config, 16, STEPS)
+  tx = optim.create_optimizer(config, 16, config.num_train_steps)
   template = create_train_state(jax.random.key(0), config, model, (32, 32, 3), tx)
   ckpts = checkpoint.Checkpoints(workdir, config)
   state = ckpts.restore_latest(template)
   ckpts.close()
-  assert int(state.step) == STEPS
+  assert int(state.step) == config.num_train_steps
   return state.params
 
 
@@ -81,43 +83,42 @@ def _finish_two(processes) -> list[str]:
   return outputs
 
 
-def test_two_processes_of_4_devices_equal_one_process_of_8(tmp_path):
-  outputs = _finish_two(
-    _start_two(tmp_path / "two", f"--config.num_train_steps={STEPS}", "--config.log_every_steps=1")
-  )
-
-  train_and_evaluate(_config(), str(tmp_path / "one"))
-
-  two = _final_params(tmp_path / "two", _config())
-  one = _final_params(tmp_path / "one", _config())
-  for a, b in zip(jax.tree.leaves(two), jax.tree.leaves(one), strict=True):
-    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
-  # Only process 0 writes the log: each step is recorded once.
-  records = [json.loads(x) for x in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
-  steps = [r["step"] for r in records if "loss" in r]
-  assert steps == sorted(set(steps)) == [1, 2]
-  assert "| 8 devices" in outputs[0] and "| 8 devices" not in outputs[1]
-
-
 def _logged_steps(workdir) -> list[int]:
   path = workdir / "metrics.jsonl"
   lines = path.read_text().splitlines() if path.exists() else []
   return [r["step"] for r in map(json.loads, lines) if "loss" in r]
 
 
-def test_sigterm_to_one_process_stops_both_at_the_same_step_with_one_checkpoint(tmp_path):
+def test_sigterm_to_one_process_stops_both_and_the_resumed_pair_steps_as_one_process(tmp_path):
+  """SIGTERM reaches one of two processes: both stop after the same step with one checkpoint.
+  From that checkpoint two processes × 4 devices and one process × 8 take the same steps."""
+  two, one = tmp_path / "two", tmp_path / "one"
   args = ["--config.log_every_steps=2", "--config.checkpoint_every_steps=0"]
-  processes = _start_two(tmp_path, "--config.num_train_steps=2000", *args)
+  processes = _start_two(two, "--config.num_train_steps=2000", *args)
   deadline = time.monotonic() + 240
-  while max(_logged_steps(tmp_path), default=0) < 3:  # process 0 logs; both are training
+  while max(_logged_steps(two), default=0) < 3:  # process 0 logs; both are training
     assert time.monotonic() < deadline and all(p.poll() is None for p in processes)
     time.sleep(0.05)
   processes[1].send_signal(signal.SIGTERM)  # the cluster preempts one host only
   outputs = _finish_two(processes)
   stopped = [int(re.search(r"preempted at step (\d+)", out)[1]) for out in outputs]
   assert stopped[0] == stopped[1] and stopped[0] % 2 == 0, stopped
-  assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [str(stopped[0])]
+  assert sorted(p.name for p in (two / "checkpoints").iterdir()) == [str(stopped[0])]
+  assert "| 8 devices" in outputs[0] and "| 8 devices" not in outputs[1]  # process 0 prints
 
-  outputs = _finish_two(_start_two(tmp_path, f"--config.num_train_steps={stopped[0] + 2}", *args))
+  end = stopped[0] + STEPS
+  shutil.copytree(two, one)
+  outputs = _finish_two(_start_two(two, f"--config.num_train_steps={end}", *args))
   assert f"resumed from the checkpoint at step {stopped[0]}" in outputs[0]
-  assert _logged_steps(tmp_path)[-1] == stopped[0] + 2
+  # Only process 0 writes the log: each step is recorded once.
+  steps = _logged_steps(two)
+  assert steps == sorted(set(steps)) and steps[-1] == end, steps
+
+  config = _config(end)
+  train_and_evaluate(config, str(one))
+  for a, b in zip(
+    jax.tree.leaves(_final_params(two, config)),
+    jax.tree.leaves(_final_params(one, config)),
+    strict=True,
+  ):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
