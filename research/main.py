@@ -149,7 +149,11 @@ def main() -> int:
     return EXIT_USER_ERROR
   except KeyboardInterrupt:  # Ctrl-C before training started: nothing to save
     print("\ninterrupted", file=sys.stderr)
-    return EXIT_INTERRUPTED
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Not a normal exit: the interrupt may have cut JAX off mid-work (a trace, a transfer, a
+    # compile), and tearing the interpreter down under its threads can crash (SIGSEGV).
+    os._exit(EXIT_INTERRUPTED)
 
 
 if __name__ == "__main__":

@@ -116,6 +116,20 @@ def test_sigterm_or_ctrl_c_writes_a_checkpoint_and_the_rerun_ends_as_uninterrupt
   assert _final(tmp_path) == uninterrupted
 
 
+def test_ctrl_c_before_training_exits_130_and_saves_nothing(tmp_path):
+  """Ctrl-C between the banner line and the first step (the preview, the compile). The exit
+  skips the interpreter's teardown, which could crash under JAX's busy threads (SIGSEGV)."""
+  process, lines = _start(tmp_path), []
+  for line in process.stdout:  # the banner comes just before the preview and the compile
+    lines.append(line)
+    if " parameters | " in line:
+      process.send_signal(signal.SIGINT)
+      break
+  output = "".join(lines) + _finish(process, timeout=120, returncode=130)
+  assert "\ninterrupted\n" in output and "compiled the train step" not in output, output
+  assert not any((tmp_path / "checkpoints").glob("*"))
+
+
 def test_a_second_ctrl_c_aborts_at_once(tmp_path):
   """The second SIGINT ends the process on the spot, whatever it is doing; what was on disk
   stays, as after SIGKILL (test_resume_after_sigkill_is_exact). The main thread here blocks
