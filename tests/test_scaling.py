@@ -33,10 +33,18 @@ def test_report_writes_a_row_per_device_count_and_mode_and_a_plot_and_a_rerun_tr
   assert rows[0]["speedup"] == 1.0 and all(r["examples_per_sec"] > 0 for r in rows)
   assert (tmp_path / "scaling.png").stat().st_size > 10_000
 
-  # A second report into the same workdir does not resume the first one's children.
+  # A second report into the same workdir does not resume the first one's children: its child
+  # trains in a directory of its own, which does not exist yet.
+  first = tmp_path / "scaling" / "run-1" / "weak-1"
+  assert [json.loads(x)["step"] for x in (first / "metrics.jsonl").read_text().splitlines()][0] == 1
+  children = []
+
+  def measure(spec, overrides, run_dir, n, batch, config, backend):
+    children.append((run_dir, run_dir.exists()))
+    return rows[0]
+
   monkeypatch.setattr(scaling, "device_counts", lambda n: [1])
+  monkeypatch.setattr(scaling, "_measure", measure)
   config.scaling_strong = False
   scaling.run(config, spec, [("scaling_steps", "6")], tmp_path)
-  for run in ("run-1", "run-2"):
-    lines = (tmp_path / "scaling" / run / "weak-1" / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(x)["step"] for x in lines if "loss" in x][0] == 1
+  assert children == [(tmp_path / "scaling" / "run-2" / "weak-1", False)]
