@@ -140,7 +140,9 @@ def test_a_second_ctrl_c_aborts_at_once(tmp_path):
     "from research.preemption import Preemption\n"
     "with Preemption(every=1) as p:\n"
     "  os.kill(os.getpid(), signal.SIGINT)\n"
-    "  time.sleep(0.1)\n"
+    "  deadline = time.monotonic() + 30\n"  # until the watcher thread has recorded it
+    "  while p.signal is None and time.monotonic() < deadline:\n"
+    "    time.sleep(0.01)\n"
     "  print('stop after step 1:', p.stop_after(1), p.interrupted, flush=True)\n"
     "  signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})\n"
     "  os.kill(os.getpid(), signal.SIGINT)\n"
