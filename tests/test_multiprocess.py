@@ -18,6 +18,9 @@ from research.train import train_and_evaluate
 
 SMOKE = "configs/cifar_vgg.py:smoke"
 STEPS = 2  # the resumed pair's steps
+# Every run here: a log record (and an agreement on stopping) every 2 steps, and no periodic
+# checkpoints, only the stop's.
+SETTINGS = {"log_every_steps": 2, "checkpoint_every_steps": 0}
 
 
 def _free_port() -> int:
@@ -29,7 +32,7 @@ def _free_port() -> int:
 def _config(steps: int):
   """The config the resumed pair runs with."""
   config = configuration.load(SMOKE)
-  config.update(num_train_steps=steps, log_every_steps=2, checkpoint_every_steps=0)
+  config.update(num_train_steps=steps, **SETTINGS)
   return config
 
 
@@ -93,7 +96,7 @@ def test_sigterm_to_one_process_stops_both_and_the_resumed_pair_steps_as_one_pro
   """SIGTERM reaches one of two processes: both stop after the same step with one checkpoint.
   From that checkpoint two processes × 4 devices and one process × 8 take the same steps."""
   two, one = tmp_path / "two", tmp_path / "one"
-  args = ["--config.log_every_steps=2", "--config.checkpoint_every_steps=0"]
+  args = [f"--config.{field}={value}" for field, value in SETTINGS.items()]
   processes = _start_two(two, "--config.num_train_steps=2000", *args)
   deadline = time.monotonic() + 240
   while max(_logged_steps(two), default=0) < 3:  # process 0 logs; both are training
