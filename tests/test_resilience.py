@@ -73,6 +73,18 @@ def _wait_for_step(workdir, step, process, timeout=300):
   raise TimeoutError(f"step {step} not reached")
 
 
+def _wait_for_a_checkpoint(workdir, process, timeout=300):
+  """Blocks until a checkpoint is complete: orbax renames its temporary folder to the step."""
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    ended = process.poll() is not None
+    if any(p.name.isdigit() for p in (Path(workdir) / "checkpoints").glob("*")):
+      return
+    assert not ended, "the run ended without a checkpoint"
+    time.sleep(0.05)
+  raise TimeoutError("no checkpoint was written")
+
+
 @pytest.fixture(scope="module")
 def uninterrupted_workdir(tmp_path_factory):
   """The workdir of one run of ARGS on 8 devices, never interrupted (read-only: copy it)."""
@@ -90,6 +102,8 @@ def test_resume_after_sigkill_is_exact(uninterrupted, tmp_path):
   kill_at = random.Random().randint(3, 12)
   process = _start(tmp_path)
   _wait_for_step(tmp_path, kill_at, process)
+  # A SIGKILL during the first checkpoint's background write leaves nothing to resume from.
+  _wait_for_a_checkpoint(tmp_path, process)
   process.send_signal(signal.SIGKILL)
   process.wait(timeout=60)
   output = _finish(_start(tmp_path))
