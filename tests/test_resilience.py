@@ -61,28 +61,29 @@ def _final(workdir):
   return last_train["step"], last_train["param_norm"], records[-1]["eval_loss"]
 
 
-def _wait_for_step(workdir, step, process, timeout=300):
-  """Blocks until metrics.jsonl records `step` (bounded; fails if the run ends first)."""
-  deadline = time.monotonic() + timeout
-  while time.monotonic() < deadline:
-    path = Path(workdir) / "metrics.jsonl"
-    if path.exists() and any(r.get("step", 0) >= step for r in _records(workdir)):
-      return
-    assert process.poll() is None, "the run ended before the step we wanted to interrupt"
-    time.sleep(0.05)
-  raise TimeoutError(f"step {step} not reached")
-
-
-def _wait_for_a_checkpoint(workdir, process, timeout=300):
-  """Blocks until a checkpoint is complete: orbax renames its temporary folder to the step."""
+def _wait_until(done, process, what, timeout=300):
+  """Blocks until `done()` (bounded; fails if the run ends first without it)."""
   deadline = time.monotonic() + timeout
   while time.monotonic() < deadline:
     ended = process.poll() is not None
-    if any(p.name.isdigit() for p in (Path(workdir) / "checkpoints").glob("*")):
+    if done():
       return
-    assert not ended, "the run ended without a checkpoint"
+    assert not ended, f"the run ended before {what}"
     time.sleep(0.05)
-  raise TimeoutError("no checkpoint was written")
+  raise TimeoutError(f"no {what} in {timeout} s")
+
+
+def _wait_for_step(workdir, step, process):
+  """Until metrics.jsonl records `step`."""
+  path = Path(workdir) / "metrics.jsonl"
+  logged = lambda: path.exists() and any(r.get("step", 0) >= step for r in _records(workdir))
+  _wait_until(logged, process, f"step {step}")
+
+
+def _wait_for_a_checkpoint(workdir, process):
+  """Until a checkpoint is complete: orbax renames its temporary folder to the step."""
+  complete = lambda: any(p.name.isdigit() for p in (Path(workdir) / "checkpoints").glob("*"))
+  _wait_until(complete, process, "a complete checkpoint")
 
 
 @pytest.fixture(scope="module")
