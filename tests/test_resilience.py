@@ -29,16 +29,44 @@ ARGS = [
 ]
 
 
-def _start(workdir, devices=8, extra=()):
+def _start(workdir, devices=8, extra=(), program=("-m", "research.main")):
   env = scaling.env_for(devices, "cpu")  # the suite's XLA flags, this device count
   return subprocess.Popen(
-    [sys.executable, "-m", "research.main", "--config", SMOKE, f"--workdir={workdir}", *ARGS]
-    + list(extra),
+    [sys.executable, *program, "--config", SMOKE, f"--workdir={workdir}", *ARGS, *extra],
     stdout=subprocess.PIPE,
     stderr=subprocess.STDOUT,
     text=True,
     env=env,
   )
+
+
+# A run of ARGS that sends itself a signal (argv[1]) at a point of its own (argv[2]): "preview"
+# (after the banner, before the compile) or a step number (once that step is logged). Sent
+# from the test on reading the run's output instead, the signal could land later than meant
+# while the suite keeps the test's process busy.
+STOPS_ITSELF = """
+import os, sys
+from research import loop, main, train
+stop, at = int(sys.argv.pop(1)), sys.argv.pop(1)
+if at == "preview":
+  preview = train.augmented_preview
+  def signalled_preview(*args):
+    os.kill(os.getpid(), stop)
+    return preview(*args)
+  train.augmented_preview = signalled_preview
+else:
+  write = loop.Progress.write
+  def signalled_write(self, step, *args):
+    write(self, step, *args)
+    if step == int(at):
+      os.kill(os.getpid(), stop)
+  loop.Progress.write = signalled_write
+sys.exit(main.main())
+"""
+
+
+def _start_stopping_itself(workdir, stop, at):
+  return _start(workdir, program=("-c", STOPS_ITSELF, str(int(stop)), str(at)))
 
 
 def _finish(process, timeout=300, returncode=0):
@@ -119,10 +147,7 @@ def test_resume_after_sigkill_is_exact(uninterrupted, tmp_path):
 def test_sigterm_or_ctrl_c_writes_a_checkpoint_and_the_rerun_ends_as_uninterrupted(
   uninterrupted, tmp_path, stop, what, returncode
 ):
-  process = _start(tmp_path)
-  _wait_for_step(tmp_path, 5, process)
-  process.send_signal(stop)
-  output = _finish(process, returncode=returncode)
+  output = _finish(_start_stopping_itself(tmp_path, stop, 5), returncode=returncode)
   step = int(output.split(f"{what} at step ")[1].split(";")[0])
   assert (tmp_path / "checkpoints" / str(step)).is_dir()
   assert f"./launch.sh {SMOKE} --workdir={tmp_path}" in output
@@ -133,27 +158,8 @@ def test_sigterm_or_ctrl_c_writes_a_checkpoint_and_the_rerun_ends_as_uninterrupt
 
 def test_ctrl_c_before_training_exits_130_and_saves_nothing(tmp_path):
   """Ctrl-C between the banner line and the first step (the preview, the compile). The exit
-  skips the interpreter's teardown, which could crash under JAX's busy threads (SIGSEGV).
-  The run sends itself the SIGINT as its preview starts: sent from here on reading the banner,
-  it could land after the compile, in training, when the suite keeps this process busy."""
-  script = (
-    "import os, signal, sys\n"
-    "from research import main, train\n"
-    "preview = train.augmented_preview\n"
-    "def interrupted_preview(*args):\n"
-    "  os.kill(os.getpid(), signal.SIGINT)\n"
-    "  return preview(*args)\n"
-    "train.augmented_preview = interrupted_preview\n"
-    "sys.exit(main.main())\n"
-  )
-  process = subprocess.Popen(
-    [sys.executable, "-c", script, "--config", SMOKE, f"--workdir={tmp_path}", *ARGS],
-    stdout=subprocess.PIPE,
-    stderr=subprocess.STDOUT,
-    text=True,
-    env=scaling.env_for(8, "cpu"),
-  )
-  output = _finish(process, timeout=120, returncode=130)
+  skips the interpreter's teardown, which could crash under JAX's busy threads (SIGSEGV)."""
+  output = _finish(_start_stopping_itself(tmp_path, signal.SIGINT, "preview"), returncode=130)
   assert " parameters | " in output  # the banner: training was being set up
   assert "\ninterrupted\n" in output and "compiled the train step" not in output, output
   assert not any((tmp_path / "checkpoints").glob("*"))
