@@ -33,7 +33,7 @@ def training_defaults() -> ml_collections.ConfigDict:
   c.batch_size = 256
   c.eval_batch_size = 1000  # global; the test split is padded and masked, never truncated
   c.num_epochs = 1
-  c.num_train_steps = -1  # > 0 overrides num_epochs
+  c.num_train_steps = -1  # -1: num_epochs decides; >= 1 overrides num_epochs
   c.micro_batch_size = 0  # examples per forward/backward pass; 0 = auto (steps.micro_batch_size)
 
   # Augmentation, run on device: op names from research/augment.py joined by "|".

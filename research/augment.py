@@ -42,6 +42,7 @@ _REGISTRY: dict[str, Callable] = {}
 _WINDOW_OPS: set[str] = set()  # names whose ops read only the valid (height, width) region
 _CONTEXT_OPS: set[str] = set()  # names whose ops take the Context
 _VIEWS_OPS: set[str] = set()  # names whose factories return Views
+VALUE_OPS: set[str] = set()  # names whose ops set the range of the values the model sees
 
 
 class Context(NamedTuple):
@@ -58,13 +59,22 @@ class Views(NamedTuple):
   weights: tuple[float, ...]
 
 
-def register(name: str, window: bool = False, context: bool = False, views: bool = False):
+def register(
+  name: str, window: bool = False, context: bool = False, views: bool = False, values: bool = False
+):
   """Registers an op factory under `name`: `window=True` if its ops take the valid size,
-  `context=True` if they take the Context, `views=True` if it returns Views."""
+  `context=True` if they take the Context, `views=True` if it returns Views, `values=True` if
+  its ops map the pixel values to the range the model sees (training and eval must agree)."""
 
   def wrap(factory):
     _REGISTRY[name] = factory
-    for flag, names in ((window, _WINDOW_OPS), (context, _CONTEXT_OPS), (views, _VIEWS_OPS)):
+    flags = (
+      (window, _WINDOW_OPS),
+      (context, _CONTEXT_OPS),
+      (views, _VIEWS_OPS),
+      (values, VALUE_OPS),
+    )
+    for flag, names in flags:
       if flag:
         names.add(name)
     return factory
@@ -125,7 +135,7 @@ def flip_alternating() -> Callable:
   return op
 
 
-@register("normalize")
+@register("normalize", values=True)
 def normalize(dataset: str = "cifar10") -> Op:
   """Subtracts the dataset's per-channel mean and divides by its standard deviation (of the
   [0, 1] pixels): the statistics of NORMALIZE's datasets."""
@@ -190,7 +200,7 @@ def contrast(lower: float, upper: float) -> Op:
   return op
 
 
-@register("standardize")
+@register("standardize", values=True)
 def standardize() -> Op:
   """Per-image standardization as tf.image.per_image_standardization: zero mean, unit std."""
 
@@ -202,7 +212,7 @@ def standardize() -> Op:
   return op
 
 
-@register("scale")
+@register("scale", values=True)
 def scale(low: float, high: float) -> Op:
   """Maps the [0, 1] range linearly to [low, high] (Inception wants [-1, 1])."""
 
@@ -387,6 +397,7 @@ class Step(NamedTuple):
   op: Callable
   window: bool
   context: bool = False
+  value: str | None = None  # a value op as written with every argument: "scale(-1.0, 1.0)"
 
 
 def _usage(name: str) -> str:
@@ -423,6 +434,9 @@ def _checked(part: str, name: str, args: list, kwargs: dict) -> dict:
       raise UserError(
         f"augmentation op {part!r}: {param}={value!r} is not {what}; the op is {_usage(name)}"
       )
+    if allowed == (int, float):
+      bound.arguments[param] = float(value)  # scale(-1, 1) is scale(-1.0, 1.0)
+  bound.apply_defaults()
   return bound.arguments
 
 
@@ -456,9 +470,19 @@ def parse(spec: str) -> list[Step]:
       raise UserError(f"augmentation op {part!r} comes after a views op, which must be last")
     args = [_literal(part, node, name) for node in call.args]
     kwargs = {k.arg: _literal(part, k.value, name) for k in call.keywords}
-    op = _REGISTRY[name](**_checked(part, name, args, kwargs))
-    steps.append(Step(op, name in _WINDOW_OPS, name in _CONTEXT_OPS))
+    arguments = _checked(part, name, args, kwargs)
+    written = f"{name}({', '.join(repr(v) for v in arguments.values())})"
+    value = written if name in VALUE_OPS else None
+    steps.append(
+      Step(_REGISTRY[name](**arguments), name in _WINDOW_OPS, name in _CONTEXT_OPS, value)
+    )
   return steps
+
+
+def value_ops(spec: str) -> str:
+  """The value ops of a pipeline with every argument, e.g. "scale(-1.0, 1.0)", or "none"
+  (values stay in [0, 1]); two pipelines whose texts are equal map pixel values alike."""
+  return "|".join(step.value for step in parse(spec) if step.value) or "none"
 
 
 def identity_key(seed: int) -> jax.Array:

@@ -342,7 +342,7 @@ def main() -> None:
     name = Path(path).stem
     bare = bare_step(_config(path, args.small), args.steps)
     loop = full_loop(_config(path, args.small), args.steps, workdir / f"loop-{name}")
-    plain = bare_step(_config(path, args.small, augment=""), args.steps)
+    plain = bare_step(_config(path, args.small, augment="", eval_preprocess=""), args.steps)
     host = host_augmented(_config(path, args.small), args.steps, args.workers)
     results[name] = {
       "bare_step_examples_per_sec": bare,

@@ -19,15 +19,25 @@ def load(spec: str) -> ml_collections.ConfigDict:
   """`spec` is `path/to/config.py` or `path/to/config.py:variant`."""
   path, _, arg = spec.partition(":")
   if not Path(path).is_file():
-    near = sorted(str(p) for p in Path("configs").glob("*.py") if not p.name.startswith("_"))
-    raise UserError(f"config file {path} not found; configs here: {', '.join(near)}")
+    raise UserError(f"config file {path} not found; configs here: {', '.join(_configs_here())}")
   root = str(Path(path).resolve().parent.parent)  # so configs can `from configs.common import`
   if root not in sys.path:
     sys.path.insert(0, root)
   module_spec = importlib.util.spec_from_file_location(f"_config_{Path(path).stem}", path)
   module = importlib.util.module_from_spec(module_spec)
   module_spec.loader.exec_module(module)
+  if not callable(getattr(module, "get_config", None)):
+    raise UserError(
+      f"{path} defines no get_config(), so it is not a config; configs here: "
+      f"{', '.join(_configs_here())}"
+    )
   return module.get_config(arg or None)
+
+
+def _configs_here() -> list[str]:
+  """The files of configs/ that define get_config (not the helpers they share)."""
+  paths = Path("configs").glob("[!_]*.py")
+  return sorted(str(p) for p in paths if "\ndef get_config(" in p.read_text())
 
 
 def _fields(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
@@ -46,7 +56,7 @@ def _parse_value(text: str, current):
   try:
     value = ast.literal_eval(text)
   except (ValueError, SyntaxError):
-    raise ValueError(f"cannot parse {text!r} as a {type(current).__name__}") from None
+    raise ValueError(f"cannot parse {text!r} as {_a(type(current))}") from None
   if isinstance(current, bool) and not isinstance(value, bool):
     raise ValueError(f"{text!r} is not True or False")
   if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
@@ -54,8 +64,13 @@ def _parse_value(text: str, current):
   if isinstance(current, tuple) and isinstance(value, list):
     value = tuple(value)
   if current is not None and not isinstance(value, type(current)):
-    raise ValueError(f"{text!r} is a {type(value).__name__}, not a {type(current).__name__}")
+    raise ValueError(f"{text!r} is {_a(type(value))}, not {_a(type(current))}")
   return value
+
+
+def _a(kind: type) -> str:
+  """The type's name with its article: "an int", "a float"."""
+  return f"{'an' if kind.__name__[0] in 'aeiou' else 'a'} {kind.__name__}"
 
 
 def override(config: ml_collections.ConfigDict, field: str, text: str) -> None:

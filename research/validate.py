@@ -77,11 +77,14 @@ def batch_sizes(config, n_devices: int) -> int:
   """The per-device batch; a user error unless both batches divide over `n_devices`."""
   for field in ("batch_size", "eval_batch_size"):
     value = config[field]
-    if value <= 0 or value % n_devices:
+    if value <= 0:
+      raise UserError(f"{field}={value} must be a whole number > 0 (global: over all devices)")
+    if value % n_devices:
       below, above = value // n_devices * n_devices, (value // n_devices + 1) * n_devices
+      near = " or ".join(str(m) for m in (below, above) if m > 0)
       raise UserError(
         f"{field}={value} is not divisible by the {n_devices} devices; "
-        f"use a multiple of {n_devices} (e.g. {below or above} or {above})"
+        f"use a multiple of {n_devices} (e.g. {near})"
       )
   return config.batch_size // n_devices
 
@@ -142,6 +145,10 @@ def train_config(config: ml_collections.ConfigDict, n_devices: int) -> Checked:
     if not isinstance(value, int) or value < minimum:
       raise UserError(f"{field}={value!r} must be a whole number >= {minimum}")
   _in_ranges(config, RANGES)
+  if config.num_train_steps == 0 or config.num_train_steps < -1:
+    raise UserError(
+      f"num_train_steps={config.num_train_steps} must be -1 (num_epochs decides) or >= 1"
+    )
   if config.num_train_steps <= 0 and config.num_epochs < 1:
     raise UserError(
       f"num_epochs={config.num_epochs} with num_train_steps={config.num_train_steps} trains "
@@ -163,6 +170,13 @@ def train_config(config: ml_collections.ConfigDict, n_devices: int) -> Checked:
   if augment.weights:
     raise UserError(f"augment={config.augment!r} ends in a views op; views are for eval_preprocess")
   eval_preprocess = augment_lib.build(config.eval_preprocess, config.seed)
+  trained, evaluated = (augment_lib.value_ops(config[f]) for f in ("augment", "eval_preprocess"))
+  if trained != evaluated:
+    raise UserError(
+      f"augment={config.augment!r} maps pixel values by {trained} but eval_preprocess="
+      f"{config.eval_preprocess!r} by {evaluated}, so the eval would see values the model never "
+      f"trained on; end both with the same value ops ({', '.join(sorted(augment_lib.VALUE_OPS))})"
+    )
   _choice("schedule", config.schedule, optim.SCHEDULES)
   _choice("optimizer", config.optimizer, optim.OPTIMIZERS)
   _choice("loss_reduction", config.loss_reduction, ("mean", "sum"))

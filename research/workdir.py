@@ -57,9 +57,13 @@ def check_resumable(workdir: Path, config: ml_collections.ConfigDict, allow_chan
   )
   if changed and not allow_change:
     raise UserError(
-      f"{workdir} holds a run with a different config ({', '.join(changed)} differ); "
+      f"{workdir} holds a run with a different config ({_differ(changed)}); "
       "use a new --workdir, or pass --allow_config_change to resume into it anyway"
     )
+
+
+def _differ(fields: list[str]) -> str:
+  return f"{', '.join(fields)} {'differs' if len(fields) == 1 else 'differ'}"
 
 
 def _describe(data: dict) -> str:
@@ -79,7 +83,7 @@ def check_data(workdir: Path, data: dict, allow_change: bool) -> None:
   if changed := sorted(k for k in data if saved.get(k) != data[k]):
     raise UserError(
       f"{workdir} was trained on {_describe(saved)} but this run would use {_describe(data)} "
-      f"({', '.join(changed)} differ); supply the same data, use a new --workdir, or pass "
+      f"({_differ(changed)}); supply the same data, use a new --workdir, or pass "
       "--allow_config_change to go on with this data"
     )
 

@@ -60,11 +60,12 @@ def test_batch_size_not_divisible_by_devices(tmp_path, workdir):
 def test_config_file_not_found(tmp_path):
   line = _single_error_line(_run(["--config", "configs/nope.py"], tmp_path))
   assert "configs/nope.py not found" in line and "configs/cifar_vgg.py" in line
+  assert "configs/common.py" not in line  # the configs' shared helpers, not a config
 
 
 def test_bad_value_type(tmp_path):
   line = _single_error_line(_run(["--config", SMOKE, "--config.batch_size=lots"], tmp_path))
-  assert "--config.batch_size" in line
+  assert "--config.batch_size: cannot parse 'lots' as an int" in line
 
 
 def test_dataset_not_found_offline_without_fallback(tmp_path, workdir):

@@ -33,6 +33,12 @@ def test_smoke_variant_exists(path):
   assert configuration.load(f"{path}:smoke")
 
 
+def test_a_file_without_get_config_is_not_a_config():
+  with pytest.raises(UserError, match=r"configs/common.py defines no get_config\(\)") as e:
+    configuration.load("configs/common.py")
+  assert "configs/cifar_vgg.py" in str(e.value) and str(e.value).count("common.py") == 1
+
+
 def test_unknown_variant_lists_the_variants():
   with pytest.raises(UserError, match="unknown config variant 'smok'.*smoke"):
     configuration.load("configs/cifar_vgg.py:smok")

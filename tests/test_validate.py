@@ -45,6 +45,14 @@ SLICE = Path(__file__).parent / "data" / "cifar10_slice"  # real JPEGs, 10 class
     ("--config.schedule=cosin", "schedule='cosin' is not one of cosine, linear, "),
     ("--config.augment=crop(4)|tta", "ends in a views op; views are for eval_preprocess"),
     ("--config.eval_preprocess=tta|standardize", "comes after a views op, which must be last"),
+    ("--config.batch_size=-64", "batch_size=-64 must be a whole number > 0"),
+    ("--config.eval_batch_size=0", "eval_batch_size=0 must be a whole number > 0"),
+    ("--config.num_train_steps=-5", "num_train_steps=-5 must be -1 (num_epochs decides) or >= 1"),
+    (
+      "--config.augment=crop(4)|flip_lr",
+      "augment='crop(4)|flip_lr' maps pixel values by none but eval_preprocess='standardize' by "
+      "standardize(), so the eval would see values the model never trained on",
+    ),
   ],
 )
 def test_bad_values_are_one_line_errors_before_the_workdir_is_made(tmp_path, override, message):
@@ -77,6 +85,21 @@ def test_bad_parameter_groups_are_one_line_errors(tmp_path, override, message):
   with pytest.raises(UserError, match=re.escape(message)):
     main.run(["--config", "configs/cifar_speedrun.py:smoke", f"--workdir={workdir}", override])
   assert not workdir.exists()
+
+
+def test_pipelines_that_map_pixel_values_alike_pass():
+  config = configuration.load(SMOKE)
+  config.augment = 'crop(4, "reflect")|flip_lr|standardize'  # the README's example
+  validate.train_config(config, 8)
+  config.update(augment="inception_crop(32)|scale(-1, 1)", eval_preprocess="scale(-1.0, high=1)")
+  validate.train_config(config, 8)
+
+
+def test_a_batch_that_does_not_divide_suggests_only_positive_multiples():
+  config = configuration.load(SMOKE)
+  config.batch_size = 3
+  with pytest.raises(UserError, match=r"use a multiple of 8 \(e\.g\. 8\)$"):
+    validate.train_config(config, 8)
 
 
 def test_a_micro_batch_that_does_not_divide_the_device_batch_is_an_error():
