@@ -1,7 +1,8 @@
 """SIGTERM (what clusters send before preempting a job) and Ctrl-C as a stop all processes agree on.
 
 While a run trains, SIGTERM and the first Ctrl-C (SIGINT) only set a flag: the run finishes
-its step, writes a checkpoint, prints the command that resumes it and exits. A second Ctrl-C
+its step, writes a checkpoint, prints the command that resumes it and exits; after the last
+step, whose checkpoint is written before the final eval, the eval finishes. A second Ctrl-C
 aborts at once, whatever the main thread is doing (a step, a compile or a save in flight);
 the checkpoint before stays intact (orbax writes a new one under a temporary name and renames
 it only when it is complete).
@@ -36,6 +37,7 @@ class Preemption:
   def __init__(self, every: int):
     self.every = every  # steps between agreements when there are several processes
     self.signal: int | None = None  # the first signal received, if any
+    self.training = True  # False from the last step's checkpoint on (then the final eval)
 
   def __enter__(self):
     self._read, self._write = os.pipe()
@@ -64,12 +66,15 @@ class Preemption:
         flush=True,
       )
       os._exit(EXIT_INTERRUPTED)  # at once: no step, save or cleanup is waited for
-    if signum == signal.SIGINT:
-      print(
-        "\nCtrl-C: finishing this step, then writing a checkpoint (Ctrl-C again to abort now)",
-        file=sys.stderr,
-        flush=True,
-      )
+    name, again = (
+      ("Ctrl-C", " (Ctrl-C again to abort now)") if signum == signal.SIGINT else ("SIGTERM", "")
+    )
+    doing = (
+      "finishing this step, then writing a checkpoint"
+      if self.training
+      else "training is done and its checkpoint is being written; finishing the final eval"
+    )
+    print(f"\n{name}: {doing}{again}", file=sys.stderr, flush=True)
     self.signal = self.signal or signum
 
   def __exit__(self, *exc):

@@ -277,17 +277,19 @@ def train_and_evaluate(
           "(device→host copy; the write goes on in the background)"
         )
 
-  def finish(rstate):
-    """The final eval (every view) and checkpoint, with this launch's training time."""
+  def finish(rstate, preemption):
+    """The final checkpoint, then the final eval (every view) with this launch's training
+    time: a stop during the eval loses no training, and the write overlaps the eval."""
     jax.block_until_ready(rstate)
     train_sec = clock.training()  # compile, evals and checkpoints excluded
+    preemption.training = False
+    checkpoints.save(num_steps, _finite_or_stop(first_replica(rstate), num_steps, checkpoints))
     final = evaluate(num_steps, rstate, train_sec=train_sec, compile_sec=compile_sec)
     if is_main and start_step < num_steps:
       echo(
         f"trained steps {start_step + 1}-{num_steps} in {train_sec:.1f} s (compile, evals "
         "and checkpoints excluded)"
       )
-    checkpoints.save(num_steps, _finite_or_stop(first_replica(rstate), num_steps, checkpoints))
     return final
 
   stream = inputs.batches(start_step)
@@ -321,18 +323,21 @@ def train_and_evaluate(
           in_flight = []
         profiler.after(step, rstate)
         if preemption.stop_after(step):  # agreed by all processes: all save this step
+          if in_flight:  # the steps since the last record are recorded first
+            progress.write(step, in_flight, clock)
           checkpoints.save(step, first_replica(rstate))
           raise Preempted(step, preemption.interrupted)
         if step < num_steps:
           eval_and_checkpoint(step, rstate)
-      final = finish(rstate)
+      final = finish(rstate, preemption)
     finally:
       getattr(stream, "close", lambda: None)()  # streamed: stop the decode workers
       bar.close()
       checkpoints.close()  # a write in flight is finished, never left half-done
       log.close()
-  if inputs.fallback_reason and is_main:
-    print(_banner(f"THIS RUN TRAINED ON SYNTHETIC DATA, NOT CIFAR-10.\n{inputs.fallback_reason}"))
+      if inputs.fallback_reason and is_main:  # last, however the run ends
+        message = f"THIS RUN TRAINED ON SYNTHETIC DATA, NOT CIFAR-10.\n{inputs.fallback_reason}"
+        print(_banner(message), flush=True)
   if skipped_at_start != inputs.skipped_images() and is_main:  # streamed: counted as read
     echo(f"skipped {inputs.skipped_images()} reads of undecodable files (skip_bad_images)")
     with open(workdir / "metadata.jsonl", "a") as f:

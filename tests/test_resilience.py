@@ -41,12 +41,14 @@ def _start(workdir, devices=8, extra=(), program=("-m", "research.main")):
 
 
 # A run of ARGS that sends itself a signal (argv[1]) at a point of its own (argv[2]): "preview"
-# (after the banner, before the compile) or a step number (once that step is logged). Sent
-# from the test on reading the run's output instead, the signal could land later than meant
-# while the suite keeps the test's process busy.
+# (after the banner, before the compile), "checkpoint-N" (once step N's checkpoint is started,
+# with a second for the signal to be taken: the run stops after step N + 1, or for N the last
+# step, during the final eval) or a step number (once that step is logged). Sent from the test
+# on reading the run's output instead, the signal could land later than meant while the suite
+# keeps the test's process busy.
 STOPS_ITSELF = """
-import os, sys
-from research import loop, main, train
+import os, sys, time
+from research import checkpoint, loop, main, train
 stop, at = int(sys.argv.pop(1)), sys.argv.pop(1)
 if at == "preview":
   preview = train.augmented_preview
@@ -54,6 +56,14 @@ if at == "preview":
     os.kill(os.getpid(), stop)
     return preview(*args)
   train.augmented_preview = signalled_preview
+elif at.startswith("checkpoint-"):
+  save = checkpoint.Checkpoints.save
+  def signalled_save(self, step, state):
+    save(self, step, state)
+    if step == int(at.removeprefix("checkpoint-")):
+      os.kill(os.getpid(), stop)
+      time.sleep(1)
+  checkpoint.Checkpoints.save = signalled_save
 else:
   write = loop.Progress.write
   def signalled_write(self, step, *args):
@@ -65,8 +75,8 @@ sys.exit(main.main())
 """
 
 
-def _start_stopping_itself(workdir, stop, at):
-  return _start(workdir, program=("-c", STOPS_ITSELF, str(int(stop)), str(at)))
+def _start_stopping_itself(workdir, stop, at, extra=()):
+  return _start(workdir, extra=extra, program=("-c", STOPS_ITSELF, str(int(stop)), str(at)))
 
 
 def _finish(process, timeout=300, returncode=0):
@@ -147,13 +157,21 @@ def test_resume_after_sigkill_is_exact(uninterrupted, tmp_path):
 def test_sigterm_or_ctrl_c_writes_a_checkpoint_and_the_rerun_ends_as_uninterrupted(
   uninterrupted, tmp_path, stop, what, returncode
 ):
-  output = _finish(_start_stopping_itself(tmp_path, stop, 5), returncode=returncode)
-  step = int(output.split(f"{what} at step ")[1].split(";")[0])
-  assert (tmp_path / "checkpoints" / str(step)).is_dir()
+  # Logged every 4 steps, stopped after step 7: its steps since the record at 4 are logged too.
+  every_4 = ("--config.log_every_steps=4",)
+  stopping = _start_stopping_itself(tmp_path, stop, "checkpoint-6", every_4)
+  output = _finish(stopping, returncode=returncode)
+  assert f"{what} at step 7;" in output
+  assert (tmp_path / "checkpoints" / "7").is_dir()
+  assert [r["step"] for r in _records(tmp_path) if "loss" in r][-2:] == [4, 7]
   assert f"./launch.sh {SMOKE} --workdir={tmp_path}" in output
-  output = _finish(_start(tmp_path))
-  assert f"resumed from the checkpoint at step {step}" in output
+  # The rerun gets the same signal once its last step's checkpoint is started: the final eval
+  # goes on and the run ends as one never stopped.
+  output = _finish(_start_stopping_itself(tmp_path, stop, "checkpoint-14"))
+  assert "resumed from the checkpoint at step 7" in output
+  assert "training is done and its checkpoint is being written; finishing the final eval" in output
   assert _final(tmp_path) == uninterrupted
+  assert (tmp_path / "checkpoints" / "14").is_dir()
 
 
 def test_ctrl_c_before_training_exits_130_and_saves_nothing(tmp_path):
