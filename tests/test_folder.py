@@ -178,7 +178,7 @@ def test_resuming_on_changed_data_is_an_error_unless_allowed(real_slice, tmp_pat
   train_and_evaluate(config, str(tmp_path / "run"))
   next(real_slice.glob("train/cat/*.jpg")).unlink()  # the folder is not what it was
   config.update(num_train_steps=3)
-  with pytest.raises(UserError, match=r"was trained on folder .*\(content differ\)"):
+  with pytest.raises(UserError, match=r"was trained on folder .*\(content differs\)"):
     train_and_evaluate(config, str(tmp_path / "run"))
   assert [r["step"] for r in _records(tmp_path / "run")] == [1, 2, 2]  # nothing more written
   train_and_evaluate(config, str(tmp_path / "run"), allow_data_change=True)
