@@ -198,13 +198,15 @@ def _prepare(args):
   scale = args.scale or ("cpu" if jax.default_backend() == "cpu" else "gpu")
   device = measure.device_info()
   machine_dir = Path(args.results) / measure.machine_of(device)
-  chosen = [
-    m
-    for m in plan(scale, os.cpu_count() or 1)
-    if not args.only or args.only in (m.part, f"{m.part}:{m.name}")
-  ]
+  named = lambda m: not args.only or args.only in (m.part, f"{m.part}:{m.name}")
+  chosen = [m for m in plan(scale, os.cpu_count() or 1) if named(m)]
   if not chosen:
-    raise UserError(f"--only={args.only} names no measurement; parts: {', '.join(PARTS)}")
+    elsewhere = [o for o in ("gpu", "cpu") if any(map(named, plan(o, os.cpu_count() or 1)))]
+    where = f"; it is in the {elsewhere[0]} plan (--scale={elsewhere[0]})" if elsewhere else ""
+    raise UserError(
+      f"--only={args.only} names no measurement of the {scale} plan{where}; "
+      f"parts: {', '.join(PARTS)}"
+    )
   trains = lambda m: m.part == "main" or m.peer == "airbench"  # on the real CIFAR-10
   data = image_folder(args.data) if any(map(trains, chosen)) else None
   recorded = lambda m: (machine_dir / f"{m.part}-{m.name}.json").exists()

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from research import measure, report, results
+from research.errors import EXIT_USER_ERROR
 
 ROOT = Path(__file__).parent.parent
 
@@ -132,6 +133,17 @@ def test_peer_measurements_are_skipped_where_torch_does_not_import(tmp_path):
   command += [f"--results={tmp_path / 'results'}", f"--workdir={tmp_path / 'runs'}"]
   result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
   assert result.returncode == 0 and "peer: skipped, torch does not import here" in result.stdout
+
+
+def test_a_measurement_of_the_other_plan_is_named_with_its_scale(monkeypatch, capsys, tmp_path):
+  only = "--only=peer:cifar_speedrun-airbench"  # the GPU plan's row, asked for on CPU
+  argv = ["report", only, "--scale=cpu", f"--results={tmp_path}", f"--workdir={tmp_path}"]
+  monkeypatch.setattr(sys, "argv", argv)
+  assert report.main() == EXIT_USER_ERROR
+  error = capsys.readouterr().err
+  assert error.startswith("error: --only=peer:cifar_speedrun-airbench names no measurement of ")
+  assert "the cpu plan; it is in the gpu plan (--scale=gpu)" in error and "\n" not in error[:-1]
+  assert not any(tmp_path.iterdir())  # nothing written
 
 
 def test_a_sigterm_to_the_report_stops_its_child_run_first():
