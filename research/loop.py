@@ -129,10 +129,16 @@ class Progress:
 class Profiler:
   """A jax.profiler trace of the steps in `profile_steps` (start, stop) into WORKDIR/profile."""
 
-  def __init__(self, config, workdir: Path, resume_step: int, echo):
+  def __init__(self, config, workdir: Path, resume_step: int, num_steps: int, echo):
     self.window = tuple(config.profile_steps)
     self.directory, self.echo = Path(workdir) / "profile", echo
-    if self.window and self.window[0] <= resume_step:  # checked before the workdir is written
+    if self.window and self.window[1] > num_steps:  # checked before the workdir is written
+      start = max(resume_step + 1, num_steps - (self.window[1] - self.window[0]))
+      raise UserError(
+        f"profile_steps={self.window} ends after step {num_steps}, this run's last, so the trace "
+        f"would never be written; use e.g. --config.profile_steps='({start}, {num_steps})'"
+      )
+    if self.window and self.window[0] <= resume_step:
       length = self.window[1] - self.window[0]
       what = "lies wholly before" if self.window[1] <= resume_step else "starts at or before"
       raise UserError(

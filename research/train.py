@@ -163,7 +163,8 @@ def _describe(config, training: Training, state, echo) -> None:
     f"device{'s' if jax.device_count() > 1 else ''} "
     f"({jax.devices()[0].device_kind}) | global batch {config.batch_size} = "
     f"{per_device} per device{f' in micro-batches of {micro}' if micro < per_device else ''} | "
-    f"{training.inputs.steps_per_epoch} steps/epoch, {training.num_steps} steps"
+    f"{training.inputs.steps_per_epoch} steps/epoch, {training.num_steps} "
+    f"step{'s' if training.num_steps > 1 else ''}"
     f" | data: {training.inputs.name} ({training.inputs.source})"
   )
 
@@ -232,7 +233,7 @@ def train_and_evaluate(
   start_step = int(state.step)
   if not start_step:
     state = training.from_data(state)
-  profiler = Profiler(config, workdir, start_step, echo)  # its window is checked here
+  profiler = Profiler(config, workdir, start_step, num_steps, echo)  # its window is checked here
   workdir_lib.prepare(workdir, config, data_identity)  # all checked: from here on we write
   bar.update(start_step)
   log = MetricsLog(workdir, dataset_used=inputs.name, enabled=is_main, echo=echo)

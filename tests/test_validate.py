@@ -116,12 +116,16 @@ def test_a_scaling_report_checks_every_device_count_before_the_first_runs():
     validate.train_config(config, 6)  # 6 GPUs: 18 divides over 1, 2 and 6, not over 4
 
 
-def test_a_profile_window_at_or_before_the_resumed_step_is_an_error(tmp_path):
+def test_a_profile_window_before_the_resumed_step_or_past_the_last_is_an_error(tmp_path):
   config = configuration.load(SMOKE)
   config.update(num_train_steps=2, log_every_steps=1)
   train_and_evaluate(config, str(tmp_path))
   written = {p: p.read_bytes() for p in tmp_path.glob("*.json*")}
-  for window, what in (((2, 4), "starts at or before step 2"), ((1, 2), "lies wholly before")):
+  for window, what in (
+    ((2, 4), "starts at or before step 2"),
+    ((1, 2), "lies wholly before"),
+    ((3, 6), "ends after step 4, this run's last"),
+  ):
     config.update(num_train_steps=4, profile_steps=window)
     with pytest.raises(UserError, match=f"{re.escape(what)}.*profile_steps='\\(3, "):
       train_and_evaluate(config, str(tmp_path))
