@@ -126,19 +126,25 @@ class Progress:
     return True
 
 
+def check_profile_end(config, num_steps: int) -> None:
+  """A user error if `profile_steps` ends after the run's last step: the trace would never be
+  written. Checked once the step count is known (it may come from the data), before anything
+  is written; Profiler checks the start against the resumed step."""
+  window = tuple(config.profile_steps)
+  if window and window[1] > num_steps:
+    raise UserError(
+      f"profile_steps={window} ends after step {num_steps}, this run's last, so the trace "
+      f"would never be written; end it at step {num_steps} or before"
+    )
+
+
 class Profiler:
   """A jax.profiler trace of the steps in `profile_steps` (start, stop) into WORKDIR/profile."""
 
-  def __init__(self, config, workdir: Path, resume_step: int, num_steps: int, echo):
+  def __init__(self, config, workdir: Path, resume_step: int, echo):
     self.window = tuple(config.profile_steps)
     self.directory, self.echo = Path(workdir) / "profile", echo
-    if self.window and self.window[1] > num_steps:  # checked before the workdir is written
-      start = max(resume_step + 1, num_steps - (self.window[1] - self.window[0]))
-      raise UserError(
-        f"profile_steps={self.window} ends after step {num_steps}, this run's last, so the trace "
-        f"would never be written; use e.g. --config.profile_steps='({start}, {num_steps})'"
-      )
-    if self.window and self.window[0] <= resume_step:
+    if self.window and self.window[0] <= resume_step:  # checked before the workdir is written
       length = self.window[1] - self.window[0]
       what = "lies wholly before" if self.window[1] <= resume_step else "starts at or before"
       raise UserError(

@@ -29,7 +29,7 @@ from research import inputs as inputs_lib
 from research import workdir as workdir_lib
 from research.errors import UserError
 from research.inputs import Inputs
-from research.loop import Clock, Profiler, Progress
+from research.loop import Clock, Profiler, Progress, check_profile_end
 from research.metrics import MetricsLog
 from research.placement import first_replica, replicate
 from research.preemption import Preempted, Preemption
@@ -224,6 +224,7 @@ def train_and_evaluate(
     )
   data_identity = _data_identity(inputs)
   workdir_lib.check_data(workdir, data_identity, allow_data_change)
+  check_profile_end(config, num_steps)
   bar = tqdm.tqdm(
     total=num_steps, unit="step", disable=not (is_main and sys.stdout.isatty()), leave=False
   )
@@ -233,7 +234,7 @@ def train_and_evaluate(
   start_step = int(state.step)
   if not start_step:
     state = training.from_data(state)
-  profiler = Profiler(config, workdir, start_step, num_steps, echo)  # its window is checked here
+  profiler = Profiler(config, workdir, start_step, echo)  # its window is checked here
   workdir_lib.prepare(workdir, config, data_identity)  # all checked: from here on we write
   bar.update(start_step)
   log = MetricsLog(workdir, dataset_used=inputs.name, enabled=is_main, echo=echo)
