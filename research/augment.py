@@ -471,18 +471,11 @@ def parse(spec: str) -> list[Step]:
     args = [_literal(part, node, name) for node in call.args]
     kwargs = {k.arg: _literal(part, k.value, name) for k in call.keywords}
     arguments = _checked(part, name, args, kwargs)
-    written = f"{name}({', '.join(repr(v) for v in arguments.values())})"
-    value = written if name in VALUE_OPS else None
+    value = f"{name}({', '.join(map(repr, arguments.values()))})" if name in VALUE_OPS else None
     steps.append(
       Step(_REGISTRY[name](**arguments), name in _WINDOW_OPS, name in _CONTEXT_OPS, value)
     )
   return steps
-
-
-def value_ops(spec: str) -> str:
-  """The value ops of a pipeline with every argument, e.g. "scale(-1.0, 1.0)", or "none"
-  (values stay in [0, 1]); two pipelines whose texts are equal map pixel values alike."""
-  return "|".join(step.value for step in parse(spec) if step.value) or "none"
 
 
 def identity_key(seed: int) -> jax.Array:
@@ -498,11 +491,13 @@ def build(spec: str, seed: int = 0) -> Callable[..., jax.Array]:
   array; None means every image is whole. Only a pipeline that starts with a window op
   accepts sizes, since any other op would see the padding. `ids` (int [B]) identify the
   examples for context ops (None: their positions in the batch); `epoch` is the epoch.
-  The function's `weights` are its views' weights (None without views) and `first_view` is
-  the pipeline whose output is the first view alone.
+  The function's `weights` are its views' weights (None without views), `values` its value
+  ops as text (two pipelines with equal texts map pixel values alike) and `first_view` is the
+  pipeline whose output is the first view alone.
   """
   steps = parse(spec)
   windowed = bool(steps) and steps[0].window
+  values = "|".join(step.value for step in steps if step.value) or "none"
   views = steps.pop() if steps and isinstance(steps[-1].op, Views) else None
   base_key = identity_key(seed)
 
@@ -537,6 +532,7 @@ def build(spec: str, seed: int = 0) -> Callable[..., jax.Array]:
       return jnp.moveaxis(out, 1, 0) if views and all_views else out  # views first
 
     augment.windowed = windowed  # whether it may be given padded images with their sizes
+    augment.values = values  # its value ops with every argument: "scale(-1.0, 1.0)" or "none"
     augment.weights = views.op.weights if views and all_views else None
     return augment
 

@@ -170,12 +170,12 @@ def train_config(config: ml_collections.ConfigDict, n_devices: int) -> Checked:
   if augment.weights:
     raise UserError(f"augment={config.augment!r} ends in a views op; views are for eval_preprocess")
   eval_preprocess = augment_lib.build(config.eval_preprocess, config.seed)
-  trained, evaluated = (augment_lib.value_ops(config[f]) for f in ("augment", "eval_preprocess"))
-  if trained != evaluated:
+  if augment.values != eval_preprocess.values:
     raise UserError(
-      f"augment={config.augment!r} maps pixel values by {trained} but eval_preprocess="
-      f"{config.eval_preprocess!r} by {evaluated}, so the eval would see values the model never "
-      f"trained on; end both with the same value ops ({', '.join(sorted(augment_lib.VALUE_OPS))})"
+      f"augment={config.augment!r} maps pixel values by {augment.values} but eval_preprocess="
+      f"{config.eval_preprocess!r} by {eval_preprocess.values}, so the eval would see values "
+      "the model never trained on; end both with the same value ops "
+      f"({', '.join(sorted(augment_lib.VALUE_OPS))})"
     )
   _choice("schedule", config.schedule, optim.SCHEDULES)
   _choice("optimizer", config.optimizer, optim.OPTIMIZERS)
