@@ -24,6 +24,8 @@ MIN_SCALING_STEPS = 15  # the report skips the first two log intervals (warm-up)
 
 # (field, smallest allowed value): integer fields whose lower bound is not obvious from use.
 INT_FIELDS = (
+  ("batch_size", 1),
+  ("eval_batch_size", 1),
   ("log_every_steps", 1),
   ("eval_every_steps", 0),
   ("checkpoint_every_steps", 0),
@@ -74,11 +76,10 @@ def _choice(field: str, value, choices) -> None:
 
 
 def batch_sizes(config, n_devices: int) -> int:
-  """The per-device batch; a user error unless both batches divide over `n_devices`."""
+  """The per-device batch; a user error unless both (positive: INT_FIELDS) batches divide
+  over `n_devices`."""
   for field in ("batch_size", "eval_batch_size"):
     value = config[field]
-    if value <= 0:
-      raise UserError(f"{field}={value} must be a whole number > 0 (global: over all devices)")
     if value % n_devices:
       below, above = value // n_devices * n_devices, (value // n_devices + 1) * n_devices
       near = " or ".join(str(m) for m in (below, above) if m > 0)
@@ -149,7 +150,7 @@ def train_config(config: ml_collections.ConfigDict, n_devices: int) -> Checked:
     raise UserError(
       f"num_train_steps={config.num_train_steps} must be -1 (num_epochs decides) or >= 1"
     )
-  if config.num_train_steps <= 0 and config.num_epochs < 1:
+  if config.num_train_steps == -1 and config.num_epochs < 1:
     raise UserError(
       f"num_epochs={config.num_epochs} with num_train_steps={config.num_train_steps} trains "
       "nothing; set num_epochs >= 1 or num_train_steps > 0"

@@ -45,8 +45,8 @@ SLICE = Path(__file__).parent / "data" / "cifar10_slice"  # real JPEGs, 10 class
     ("--config.schedule=cosin", "schedule='cosin' is not one of cosine, linear, "),
     ("--config.augment=crop(4)|tta", "ends in a views op; views are for eval_preprocess"),
     ("--config.eval_preprocess=tta|standardize", "comes after a views op, which must be last"),
-    ("--config.batch_size=-64", "batch_size=-64 must be a whole number > 0"),
-    ("--config.eval_batch_size=0", "eval_batch_size=0 must be a whole number > 0"),
+    ("--config.batch_size=-64", "batch_size=-64 must be a whole number >= 1"),
+    ("--config.eval_batch_size=0", "eval_batch_size=0 must be a whole number >= 1"),
     ("--config.num_train_steps=-5", "num_train_steps=-5 must be -1 (num_epochs decides) or >= 1"),
     (
       "--config.augment=crop(4)|flip_lr",
