@@ -198,10 +198,12 @@ def _prepare(args):
   scale = args.scale or ("cpu" if jax.default_backend() == "cpu" else "gpu")
   device = measure.device_info()
   machine_dir = Path(args.results) / measure.machine_of(device)
+  cores = os.cpu_count() or 1
   named = lambda m: not args.only or args.only in (m.part, f"{m.part}:{m.name}")
-  chosen = [m for m in plan(scale, os.cpu_count() or 1) if named(m)]
+  chosen = [m for m in plan(scale, cores) if named(m)]
   if not chosen:
-    elsewhere = [o for o in ("gpu", "cpu") if any(map(named, plan(o, os.cpu_count() or 1)))]
+    others = [o for o in ("gpu", "cpu") if o != scale]
+    elsewhere = [o for o in others if any(map(named, plan(o, cores)))]
     where = f"; it is in the {elsewhere[0]} plan (--scale={elsewhere[0]})" if elsewhere else ""
     raise UserError(
       f"--only={args.only} names no measurement of the {scale} plan{where}; "
