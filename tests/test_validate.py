@@ -8,7 +8,7 @@ import pytest
 
 from research import configuration, inputs, main, validate
 from research.errors import UserError
-from research.train import train_and_evaluate
+from research.train import setup, train_and_evaluate
 
 SMOKE = "configs/cifar_vgg.py:smoke"
 SLICE = Path(__file__).parent / "data" / "cifar10_slice"  # real JPEGs, 10 classes
@@ -85,6 +85,14 @@ def test_bad_parameter_groups_are_one_line_errors(tmp_path, override, message):
   with pytest.raises(UserError, match=re.escape(message)):
     main.run(["--config", "configs/cifar_speedrun.py:smoke", f"--workdir={workdir}", override])
   assert not workdir.exists()
+
+
+def test_num_train_steps_minus_1_the_default_trains_num_epochs():
+  config = configuration.load(SMOKE)
+  config.update(num_train_steps=configuration.load("configs/cifar_vgg.py").num_train_steps)
+  config.num_epochs = 2
+  training = setup(config)
+  assert config.num_train_steps == -1 and training.num_steps == 2 * training.inputs.steps_per_epoch
 
 
 def test_pipelines_that_map_pixel_values_alike_pass():
