@@ -48,7 +48,9 @@ def _final_params(workdir, config):
 
 
 def _start_two(workdir, *overrides):
-  """Two processes of 4 CPU devices each, joined through jax.distributed (gloo)."""
+  """Two processes of 4 CPU devices each, joined through jax.distributed (gloo). Their output
+  goes to files beside `workdir`: a pipe nobody reads until the end would stop a process that
+  fills it."""
   port = _free_port()
   env = scaling.env_for(4, "cpu")  # the suite's XLA flags, 4 devices
   command = [
@@ -62,25 +64,25 @@ def _start_two(workdir, *overrides):
     "--num_processes=2",
     *overrides,
   ]
-  return [
-    subprocess.Popen(
-      [*command, f"--process_id={i}"],
-      env=env,
-      stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT,
-      text=True,
-    )
-    for i in range(2)
-  ]
+  processes = []
+  for i in range(2):
+    with open(workdir.with_name(f"{workdir.name}-{i}.log"), "w") as log:
+      processes.append(
+        subprocess.Popen([*command, f"--process_id={i}"], env=env, stdout=log, stderr=log)
+      )
+  return processes
 
 
-def _finish_two(processes) -> list[str]:
+def _finish_two(processes, workdir) -> list[str]:
+  """Each process's output, once both have exited with 0 (killed after 300 s)."""
   try:
-    outputs = [p.communicate(timeout=300)[0] for p in processes]
+    for p in processes:
+      p.wait(timeout=300)
   finally:
-    for p in processes:  # always reaped, even on timeout
+    for p in processes:  # always reaped, even on timeout or a failed check
       p.kill()
       p.wait()
+  outputs = [workdir.with_name(f"{workdir.name}-{i}.log").read_text() for i in range(2)]
   for p, output in zip(processes, outputs, strict=True):
     assert p.returncode == 0, output[-3000:]
   return outputs
@@ -99,11 +101,17 @@ def test_sigterm_to_one_process_stops_both_and_the_resumed_pair_steps_as_one_pro
   args = [f"--config.{field}={value}" for field, value in SETTINGS.items()]
   processes = _start_two(two, "--config.num_train_steps=2000", *args)
   deadline = time.monotonic() + 240
-  while max(_logged_steps(two), default=0) < 3:  # process 0 logs; both are training
-    assert time.monotonic() < deadline and all(p.poll() is None for p in processes)
-    time.sleep(0.05)
+  try:
+    while max(_logged_steps(two), default=0) < 3:  # process 0 logs; both are training
+      assert time.monotonic() < deadline and all(p.poll() is None for p in processes)
+      time.sleep(0.05)
+  except BaseException:  # no training processes left behind; their output is in two-*.log
+    for p in processes:
+      p.kill()
+      p.wait()
+    raise
   processes[1].send_signal(signal.SIGTERM)  # the cluster preempts one host only
-  outputs = _finish_two(processes)
+  outputs = _finish_two(processes, two)
   stopped = [int(re.search(r"preempted at step (\d+)", out)[1]) for out in outputs]
   assert stopped[0] == stopped[1] and stopped[0] % 2 == 0, stopped
   assert sorted(p.name for p in (two / "checkpoints").iterdir()) == [str(stopped[0])]
@@ -111,7 +119,7 @@ def test_sigterm_to_one_process_stops_both_and_the_resumed_pair_steps_as_one_pro
 
   end = stopped[0] + STEPS
   shutil.copytree(two, one)
-  outputs = _finish_two(_start_two(two, f"--config.num_train_steps={end}", *args))
+  outputs = _finish_two(_start_two(two, f"--config.num_train_steps={end}", *args), two)
   assert f"resumed from the checkpoint at step {stopped[0]}" in outputs[0]
   # Only process 0 writes the log: each step is recorded once.
   steps = _logged_steps(two)
