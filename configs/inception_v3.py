@@ -48,6 +48,7 @@ def _smoke(c):
   c.augment = "inception_crop(75, 0.5)|flip_lr|color_distort(0.02, 0.1, 0.02, 0.1)|scale(-1, 1)"
   c.eval_preprocess = "central_crop(75)|scale(-1, 1)"
   c.model.width, c.model.aux_logits, c.model.num_classes = 0.125, False, 10
+  c.model.blocks = (1, 1, 1)  # each block type once: less than half the program to compile
   c.model.bn_momentum = 0.5  # eval's running statistics must keep up with fast-moving weights
   c.batch_size, c.eval_batch_size = 32, 32
   c.num_train_steps, c.log_every_steps = 24, 8
@@ -76,6 +77,7 @@ def get_config(arg=None):
     dropout_rate=0.2,  # slim's keep probability 0.8
     bn_momentum=0.9997,  # slim's batch_norm_decay
     width=1.0,  # channel multiplier; 1.0 = the paper
+    blocks=(3, 4, 2),  # Inception-A, -B, -C blocks at 35×35, 17×17, 8×8; (3, 4, 2) = the paper
     dtype="float32",  # "bfloat16" compute on GPUs; params and BatchNorm stats stay float32
   )
   c.data_placement = "streamed"  # dataset=folder: ImageNet-sized folders never fit on devices

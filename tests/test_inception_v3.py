@@ -17,6 +17,7 @@ def _model(**overrides):
     dropout_rate=0.2,
     bn_momentum=0.9997,
     width=1.0,
+    blocks=(3, 4, 2),
     dtype="float32",
   )
   return models.create(ml_collections.ConfigDict({**fields, **overrides}), None)
@@ -92,3 +93,17 @@ def test_too_small_images_are_a_user_error():
     _init_shapes(_model(), size=96)
   with pytest.raises(UserError, match="at least 75"):
     _init_shapes(_model(aux_logits=False), size=64)
+
+
+def test_fewer_blocks_keep_each_block_type_and_out_of_range_counts_are_a_user_error():
+  def modules_and_parameters(**overrides):
+    params = _init_shapes(_model(aux_logits=False, **overrides), size=75)["params"]
+    return len(params), _count(params)  # modules: the ConvBN layers and the dense head
+
+  full, one_each = modules_and_parameters(), modules_and_parameters(blocks=(1, 1, 1))
+  # The two Inception-A, three -B and one -C blocks left out take their 7, 10 and 9 ConvBNs.
+  assert full[0] - one_each[0] == 2 * 7 + 3 * 10 + 1 * 9
+  assert one_each[1] < full[1]
+  for bad in ((0, 1, 1), (1, 5, 1), (3, 4)):
+    with pytest.raises(UserError, match=r"model.blocks=.* must count 1-3 Inception-A"):
+      modules_and_parameters(blocks=bad)

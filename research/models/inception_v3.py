@@ -13,7 +13,8 @@ model_config fields:
   17×17 features, as in TF-slim; training returns (logits, aux_logits), its loss weight is
   the config's `aux_loss_weight`, 0.4 in the reference); dropout_rate (0.2 = slim's keep
   probability 0.8); bn_momentum (0.9997 as slim; Keras uses 0.99); width (channel multiplier,
-  1.0 = the reference; smaller only for tests).
+  1.0 = the reference; smaller only for tests); blocks (how many Inception-A, -B and -C
+  blocks: (3, 4, 2) is the reference; fewer, each type still present, only for tests).
 """
 
 import functools
@@ -57,12 +58,16 @@ def _max_pool_reduce(x):
   return nn.max_pool(x, (3, 3), strides=(2, 2), padding="VALID")
 
 
+REFERENCE_BLOCKS = (3, 4, 2)  # Inception-A at 35×35, -B at 17×17, -C at 8×8
+
+
 class InceptionV3(nn.Module):
   num_classes: int
   aux_logits: bool = True
   dropout_rate: float = 0.2
   bn_momentum: float = 0.9997
   width: float = 1.0
+  blocks: tuple[int, int, int] = REFERENCE_BLOCKS
   axis_name: str | None = None
   dtype: jnp.dtype = jnp.float32
 
@@ -85,6 +90,13 @@ class InceptionV3(nn.Module):
       dtype=self.dtype,
     )
     conv = self._conv(norm)
+    blocks = tuple(self.blocks)
+    counts = zip(blocks, REFERENCE_BLOCKS, strict=False)  # lengths checked first
+    if len(blocks) != 3 or not all(1 <= n <= most for n, most in counts):
+      raise UserError(
+        f"model.blocks={blocks} must count 1-3 Inception-A, 1-4 Inception-B and 1-2 "
+        f"Inception-C blocks; {REFERENCE_BLOCKS} is the reference"
+      )
     if min(x.shape[1:3]) < 75:
       raise UserError(f"Inception-v3 needs images of at least 75×75; got {x.shape[1:3]}")
     x = x.astype(self.dtype)
@@ -98,7 +110,7 @@ class InceptionV3(nn.Module):
     x = conv(x, 192, (3, 3), padding="VALID")
     x = _max_pool_reduce(x)
 
-    for pool_features in (32, 64, 64):  # mixed0-2: Inception-A, 35×35
+    for pool_features in (32, 64, 64)[: blocks[0]]:  # mixed0-2: Inception-A, 35×35
       x = jnp.concatenate(
         [
           conv(x, 64, (1, 1)),
@@ -118,7 +130,7 @@ class InceptionV3(nn.Module):
       axis=-1,
     )
 
-    for c7 in (128, 160, 160, 192):  # mixed4-7: Inception-B with 1×7 / 7×1 factorisation
+    for c7 in (128, 160, 160, 192)[: blocks[1]]:  # mixed4-7: Inception-B, factorised 1×7 / 7×1
       branch7x7 = conv(conv(conv(x, c7, (1, 1)), c7, (1, 7)), 192, (7, 1))
       branch7x7dbl = conv(x, c7, (1, 1))
       for features, kernel in ((c7, (7, 1)), (c7, (1, 7)), (c7, (7, 1)), (192, (1, 7))):
@@ -156,7 +168,7 @@ class InceptionV3(nn.Module):
       axis=-1,
     )
 
-    for _ in range(2):  # mixed9-10: Inception-C with 1×3 / 3×1 splits, 8×8
+    for _ in range(blocks[2]):  # mixed9-10: Inception-C with 1×3 / 3×1 splits, 8×8
       branch3x3 = conv(x, 384, (1, 1))
       branch3x3dbl = conv(conv(x, 448, (1, 1)), 384, (3, 3))
       x = jnp.concatenate(
@@ -184,6 +196,7 @@ def create(model_config: ml_collections.ConfigDict, axis_name: str | None) -> nn
     dropout_rate=model_config.dropout_rate,
     bn_momentum=model_config.bn_momentum,
     width=model_config.width,
+    blocks=tuple(model_config.blocks),
     axis_name=axis_name,
     dtype=jnp.dtype(model_config.dtype),
   )
