@@ -6,8 +6,9 @@ Each device count runs as its own process (on GPUs with CUDA_VISIBLE_DEVICES, on
 that many XLA host devices), the way the original write-ups ran 1, 2, 4 and 8 GPUs, for
 `scaling_steps` steps without checkpoints. Weak scaling keeps the per-device batch of the
 config (global batch grows with the devices); strong scaling (`scaling_strong=True`) keeps
-the global batch. Throughput is the median over the log intervals after the first, which
-holds the warm-up. Writes WORKDIR/scaling.csv and WORKDIR/scaling.png and prints the table.
+the global batch; on all N devices the two are the same run, measured once. Throughput is
+the median over the log intervals after the first, which holds the warm-up. Writes
+WORKDIR/scaling.csv and WORKDIR/scaling.png and prints the table.
 """
 
 import csv
@@ -141,16 +142,21 @@ def run(config, spec: str, overrides: list, workdir: Path) -> list[dict]:
   # Every report runs fresh children: a rerun into the same workdir never reads old numbers.
   children = workdir / "scaling" / f"run-{len(list(workdir.glob('scaling/run-*'))) + 1}"
   print(f"scaling report: each device count trains in {children}/MODE-N", flush=True)
-  rows = []
+  rows, runs = [], {}  # runs: (devices, global batch) → its measurement
   modes = {"weak": lambda n: per_device * n}
   if config.scaling_strong:
     modes["strong"] = lambda n: config.batch_size
   for mode, batch_for in modes.items():
     measured = []
     for n in device_counts(n_max):
-      print(f"scaling ({mode}): {n} devices, global batch {batch_for(n)} ...", flush=True)
-      run_dir = children / f"{mode}-{n}"
-      measured.append(_measure(spec, overrides, run_dir, n, batch_for(n), config, backend))
+      batch = batch_for(n)
+      if (n, batch) in runs:  # on all devices both modes train the config's global batch
+        print(f"scaling ({mode}): {n} devices, global batch {batch}: measured above", flush=True)
+      else:
+        print(f"scaling ({mode}): {n} devices, global batch {batch} ...", flush=True)
+        run_dir = children / f"{mode}-{n}"
+        runs[n, batch] = _measure(spec, overrides, run_dir, n, batch, config, backend)
+      measured.append(runs[n, batch])
     rows += [{**r, "config": spec} for r in _with_speedups(measured, mode)]
 
   with open(workdir / "scaling.csv", "w", newline="") as f:

@@ -12,40 +12,45 @@ def test_device_counts_double_up_to_all_devices():
   assert scaling.device_counts(1) == [1]
 
 
-def test_report_writes_a_row_per_device_count_and_mode_and_a_plot_and_a_rerun_trains_fresh(
+def test_report_writes_a_row_per_device_count_and_a_plot_and_a_rerun_trains_fresh(
   tmp_path, monkeypatch
 ):
   monkeypatch.setattr(scaling, "device_counts", lambda n: [1, 2])  # two child runs: quick
   spec = "configs/cifar_keras_cnn.py:smoke"
   config = configuration.load(spec)
-  config.update(scaling_steps=6, scaling_strong=True)
+  config.scaling_steps = 6
   rows = scaling.run(config, spec, [("scaling_steps", "6")], tmp_path)
 
   with open(tmp_path / "scaling.csv") as f:
     saved = list(csv.DictReader(f))
-  assert [(r["mode"], r["n_devices"]) for r in saved] == [
-    ("weak", "1"),
-    ("weak", "2"),
-    ("strong", "1"),
-    ("strong", "2"),
+  assert [(r["mode"], r["n_devices"], r["global_batch"]) for r in saved] == [
+    ("weak", "1", "8"),  # the config's 8 per device (64 over 8 devices)
+    ("weak", "2", "16"),
   ]
-  assert [r["global_batch"] for r in rows] == [8, 16, 64, 64]  # weak keeps 8 per device
   assert rows[0]["speedup"] == 1.0 and all(r["examples_per_sec"] > 0 for r in rows)
   assert (tmp_path / "scaling.png").stat().st_size > 10_000
-
-  # A second report into the same workdir does not resume the first one's children: its child
-  # trains in a directory of its own, which does not exist yet.
   first = tmp_path / "scaling" / "run-1" / "weak-1"
   lines = (first / "metrics.jsonl").read_text().splitlines()
   assert [json.loads(x)["step"] for x in lines if "loss" in x][0] == 1
+
+  # A second report into the same workdir does not resume the first one's children: each
+  # child trains in a directory of its own, which does not exist yet. Strong scaling keeps
+  # the global batch; on all 8 devices it is the weak run, measured once.
   children = []
 
   def measure(spec, overrides, run_dir, n, batch, config, backend):
-    children.append((run_dir, run_dir.exists()))
-    return rows[0]
+    children.append((run_dir.relative_to(tmp_path / "scaling").as_posix(), run_dir.exists()))
+    numbers = {"examples_per_sec": 100.0 * n, "sec_per_batch": 1.0, "input_wait_fraction": 0}
+    return {"n_devices": n, "global_batch": batch, "per_device_batch": batch // n, **numbers}
 
-  monkeypatch.setattr(scaling, "device_counts", lambda n: [1])
+  monkeypatch.setattr(scaling, "device_counts", lambda n: [1, 8])
   monkeypatch.setattr(scaling, "_measure", measure)
-  config.scaling_strong = False
-  scaling.run(config, spec, [("scaling_steps", "6")], tmp_path)
-  assert children == [(tmp_path / "scaling" / "run-2" / "weak-1", False)]
+  config.scaling_strong = True
+  again = scaling.run(config, spec, [("scaling_steps", "6")], tmp_path)
+  assert [(r["mode"], r["n_devices"], r["global_batch"]) for r in again] == [
+    ("weak", 1, 8),
+    ("weak", 8, 64),
+    ("strong", 1, 64),
+    ("strong", 8, 64),
+  ]
+  assert children == [("run-2/weak-1", False), ("run-2/weak-8", False), ("run-2/strong-1", False)]
