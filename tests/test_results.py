@@ -112,10 +112,10 @@ def test_the_report_writes_records_resumes_a_stopped_run_and_its_table_renders(t
 
 
 def test_the_throughput_part_records_speed_flops_and_the_largest_batch_tried(tmp_path):
-  result = _report(tmp_path, "--only=throughput:vgg_smoke-bfloat16")
+  result = _report(tmp_path, "--only=throughput:vgg_smoke-float32")
   assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
   records = {r["name"]: r for r in results.load(tmp_path / "results")}
-  default, largest = records["vgg_smoke-bfloat16"], records["vgg_smoke-bfloat16-largest"]
+  default, largest = records["vgg_smoke-float32"], records["vgg_smoke-float32-largest"]
   assert (default["numbers"]["batch_size"], largest["numbers"]["batch_size"]) == (64, 128)
   for record in (default, largest):
     numbers = record["numbers"]
