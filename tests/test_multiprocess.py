@@ -66,11 +66,22 @@ def _start_two(workdir, *overrides):
   ]
   processes = []
   for i in range(2):
-    with open(workdir.with_name(f"{workdir.name}-{i}.log"), "w") as log:
+    with open(_log(workdir, i), "w") as log:
       processes.append(
         subprocess.Popen([*command, f"--process_id={i}"], env=env, stdout=log, stderr=log)
       )
   return processes
+
+
+def _log(workdir, process_id: int):
+  return workdir.with_name(f"{workdir.name}-{process_id}.log")
+
+
+def _reap(processes) -> None:
+  """Kills and waits for the processes: none is left training after the test."""
+  for p in processes:
+    p.kill()
+    p.wait()
 
 
 def _finish_two(processes, workdir) -> list[str]:
@@ -79,10 +90,8 @@ def _finish_two(processes, workdir) -> list[str]:
     for p in processes:
       p.wait(timeout=300)
   finally:
-    for p in processes:  # always reaped, even on timeout or a failed check
-      p.kill()
-      p.wait()
-  outputs = [workdir.with_name(f"{workdir.name}-{i}.log").read_text() for i in range(2)]
+    _reap(processes)  # even on timeout
+  outputs = [_log(workdir, i).read_text() for i in range(2)]
   for p, output in zip(processes, outputs, strict=True):
     assert p.returncode == 0, output[-3000:]
   return outputs
@@ -105,10 +114,8 @@ def test_sigterm_to_one_process_stops_both_and_the_resumed_pair_steps_as_one_pro
     while max(_logged_steps(two), default=0) < 3:  # process 0 logs; both are training
       assert time.monotonic() < deadline and all(p.poll() is None for p in processes)
       time.sleep(0.05)
-  except BaseException:  # no training processes left behind; their output is in two-*.log
-    for p in processes:
-      p.kill()
-      p.wait()
+  except BaseException:  # their output is in two-*.log
+    _reap(processes)
     raise
   processes[1].send_signal(signal.SIGTERM)  # the cluster preempts one host only
   outputs = _finish_two(processes, two)

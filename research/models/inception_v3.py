@@ -91,8 +91,8 @@ class InceptionV3(nn.Module):
     )
     conv = self._conv(norm)
     blocks = tuple(self.blocks)
-    counts = zip(blocks, REFERENCE_BLOCKS, strict=False)  # lengths checked first
-    if len(blocks) != 3 or not all(1 <= n <= most for n, most in counts):
+    counts = zip(blocks, REFERENCE_BLOCKS, strict=True)  # zipped only once the lengths match
+    if len(blocks) != len(REFERENCE_BLOCKS) or not all(1 <= n <= most for n, most in counts):
       raise UserError(
         f"model.blocks={blocks} must count 1-3 Inception-A, 1-4 Inception-B and 1-2 "
         f"Inception-C blocks; {REFERENCE_BLOCKS} is the reference"
