@@ -31,7 +31,6 @@ import argparse
 import contextlib
 import functools
 import json
-import multiprocessing
 import os
 import statistics
 import sys
@@ -42,7 +41,7 @@ import jax
 import numpy as np
 from PIL import Image
 
-from research import configuration, host_memory
+from research import configuration, host_memory, host_workers
 from research import inputs as inputs_lib
 from research.data import folder
 from research.models import layers
@@ -239,13 +238,13 @@ def host_augmented(config, steps: int, workers: int) -> float:
   labels = np.random.default_rng(1).integers(0, 10, 8192).astype(np.int32)
   b = config.batch_size
 
-  def jobs():  # finite: Pool.imap queues its whole input at once
+  def jobs():  # finite: the pool's map submits its whole input at once
     for i in range(steps + 3 + 4):  # timed + warm-up steps + what prefetch holds
       idx = np.random.default_rng(i).integers(0, len(data), b)
       yield data[idx], i, pad, mode
 
-  with multiprocessing.get_context("spawn").Pool(workers) as pool:
-    augmented = pool.imap(_host_augment, jobs(), chunksize=1)
+  with host_workers.pool(workers) as pool:
+    augmented = pool.map(_host_augment, jobs())
     batches = ({"image": x, "label": labels[:b]} for x in augmented)
     on_devices = inputs_lib.prefetch_to_devices(batches, 2)
     seconds, _ = time_steps(step, replicate(training.state), on_devices, steps)

@@ -12,11 +12,9 @@ grayscale, palette and CMYK images become RGB).
     host size (JPEG: libjpeg decodes at 1/2–1/8 scale when that still covers it).
 """
 
-import concurrent.futures
 import dataclasses
 import hashlib
 import json
-import multiprocessing
 import os
 from pathlib import Path
 
@@ -24,6 +22,7 @@ import numpy as np
 import tqdm
 from PIL import Image
 
+from research import host_workers
 from research.data import CACHE, ImageDataset
 from research.errors import UserError
 
@@ -171,8 +170,7 @@ def _cache_key(folder: Folder) -> str:
 def _decode_split(folder: Folder, split: Split, skip_bad: bool, workers: int):
   """uint8 [N, H, W, 3] and labels of one split, decoded on `workers` processes."""
   paths = [str(folder.root / p.decode()) for p in split.paths]
-  context = multiprocessing.get_context("spawn")  # never fork a process that runs JAX
-  with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+  with host_workers.pool(workers) as pool:
     decoded = list(
       tqdm.tqdm(
         pool.map(_read_or_none, paths, chunksize=256),

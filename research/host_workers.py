@@ -1,0 +1,37 @@
+"""Host worker processes (decoding, host-side benchmarks) that never outlive the run.
+
+A pool worker whose parent is killed (SIGTERM before training starts, SIGKILL, a crash) would
+live on: it holds both ends of its task queue, so it never reads end-of-file, and it keeps the
+run's stdout and stderr open, so whoever reads them (a pipe, the report, a test) waits
+forever. Each worker here watches its parent and exits once it is gone.
+"""
+
+import concurrent.futures
+import multiprocessing
+import os
+import threading
+import time
+
+PARENT_POLL_SEC = 0.5  # how long a worker outlives its parent at most
+
+
+def pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
+  """`workers` spawned processes: never fork a process that runs JAX (its threads)."""
+  return concurrent.futures.ProcessPoolExecutor(
+    workers,
+    mp_context=multiprocessing.get_context("spawn"),
+    initializer=exit_with_parent,
+    initargs=(os.getpid(),),  # from here: the parent may be gone before a worker starts
+  )
+
+
+def exit_with_parent(parent: int) -> None:
+  """Starts a thread that ends this process once `parent` is not its parent any more (gone:
+  the process was re-parented)."""
+
+  def watch():
+    while os.getppid() == parent:
+      time.sleep(PARENT_POLL_SEC)
+    os._exit(1)  # at once: the task in flight is not wanted any more
+
+  threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
