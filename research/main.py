@@ -85,7 +85,6 @@ def run(argv: list[str]) -> int:
   """Runs what the command line asks for; returns the exit code (0, or 130 after a Ctrl-C)."""
   from research import configuration  # imports the packages environment.CORE checked
   from research import workdir as workdir_lib
-  from research.preemption import Preempted
 
   args, overrides = parse_args(argv)
   config = configuration.load(args.config)
@@ -101,6 +100,17 @@ def run(argv: list[str]) -> int:
   workdir = Path(args.workdir).expanduser() if args.workdir else default_workdir(args.config)
   workdir_lib.check_writable(workdir)
   workdir_lib.check_resumable(workdir, config, args.allow_config_change)
+  with workdir_lib.write_errors_are_user_errors(workdir):
+    return _run_in(workdir, config, args, overrides)
+
+
+def _run_in(workdir: Path, config, args, overrides) -> int:
+  """Runs the experiment `config` selects, writing into `workdir`."""
+  import jax
+
+  from research import workdir as workdir_lib
+  from research.preemption import Preempted
+
   if config.experiment == "train" and config.scaling_report:
     from research import scaling, validate
     from research.measure import Stopped

@@ -1,5 +1,6 @@
 """The run directory: where a run writes, and the check that a resume continues the same run."""
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -42,6 +43,21 @@ def check_writable(workdir: Path) -> None:
       f"--workdir={workdir} is not writable{where}: a read-only filesystem or missing "
       "permissions; give a directory you can write in"
     )
+
+
+@contextlib.contextmanager
+def write_errors_are_user_errors(workdir: Path):
+  """An OSError on a path inside `workdir` (it cannot be created, the disk is full) becomes a
+  one-line user error; any other OSError stays as it is."""
+  try:
+    yield
+  except OSError as e:
+    path = Path(e.filename or "").absolute()
+    if not e.filename or not path.is_relative_to(Path(workdir).absolute()):
+      raise
+    raise UserError(
+      f"cannot write {path} ({e.strerror}); give a --workdir on a filesystem you can write to"
+    ) from e
 
 
 def check_resumable(workdir: Path, config: ml_collections.ConfigDict, allow_change: bool) -> None:

@@ -101,6 +101,14 @@ def test_different_experiment_in_existing_workdir_is_refused(tmp_path, workdir):
   assert "different config" in line and "--allow_config_change" in line
 
 
+@pytest.mark.skipif(not os.access("/proc", os.W_OK), reason="/proc is not writable: not root")
+def test_a_workdir_that_cannot_be_made_is_one_error_line(tmp_path):
+  """/proc passes the permission check (for root) but refuses new directories."""
+  result = _run(["--config", SMOKE, "--workdir=/proc/research-run"], tmp_path)
+  line = _single_error_line(result)
+  assert line.startswith("error: cannot write /proc/research-run (No such file or directory)")
+
+
 @pytest.mark.skipif(
   shutil.which("unshare") is None
   or subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode != 0,
