@@ -8,6 +8,7 @@ import tensorflow_datasets as tfds
 
 from research import inputs
 from research.data import streaming
+from research.errors import UserError
 from research.train import train_and_evaluate
 
 
@@ -42,9 +43,10 @@ def test_eval_stream_covers_the_split_once_with_padding_masked():
   assert sum(b["mask"].sum() for b in batches) == 21
 
 
-def test_not_prepared_dataset_is_a_clear_error(tmp_path):
-  with pytest.raises(Exception, match="not prepared.*tfds build imagenet2012"):
+def test_not_prepared_dataset_is_a_clear_error_and_nothing_else(tmp_path, caplog):
+  with pytest.raises(UserError, match="not prepared.*tfds build imagenet2012"):
     streaming.open_source("imagenet2012", "train", str(tmp_path))
+  assert not caplog.records  # no tfds warning about the folders it looked for
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ exactly the batches an uninterrupted run would.
 """
 
 import itertools
+import logging
 
 import grain
 import numpy as np
@@ -33,6 +34,11 @@ def open_source(name: str, split: str, data_dir: str):
   environment.check(environment.TFDS)
   import tensorflow_datasets as tfds  # slow import: only tfds datasets need it
 
+  absl_log = logging.getLogger("absl")
+  level = absl_log.level
+  # tfds warns of folders it looked for ("Variant folder … has no dataset_info.json") before
+  # failing; the error below says what is missing and what to do.
+  absl_log.setLevel(logging.ERROR)
   try:
     return tfds.data_source(name, split=split, data_dir=data_dir or None, download=False)
   except Exception as e:  # tfds raises several types for a missing dataset  # noqa: BLE001
@@ -42,6 +48,8 @@ def open_source(name: str, split: str, data_dir: str):
       f"prepare it once with `tfds build {name} "
       f"--data_dir=DIR --file_format=array_record` and pass --config.data_dir=DIR"
     ) from None
+  finally:
+    absl_log.setLevel(level)
 
 
 class TfdsImages:
