@@ -20,7 +20,7 @@ def _smoke(c):
   c.num_train_steps, c.log_every_steps = 24, 8
   c.learning_rate = 1e-3  # so the short run visibly learns
   # Less noise than the default 0.6: without BatchNorm this model has only begun to separate
-  # those classes at step 24, and its eval accuracy then swings with rounding (0.14 to 0.61).
+  # those classes by step 24, and its eval accuracy there swings with float rounding.
   c.synthetic_noise = 0.3
 
 
