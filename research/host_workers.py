@@ -1,9 +1,10 @@
-"""Host worker processes (decoding, host-side benchmarks) that never outlive the run.
+"""Host worker processes (folder decoding, the streamed input, host-side benchmarks) that
+never outlive the run.
 
-A pool worker whose parent is killed (SIGTERM before training starts, SIGKILL, a crash) would
-live on: it holds both ends of its task queue, so it never reads end-of-file, and it keeps the
-run's stdout and stderr open, so whoever reads them (a pipe, the report, a test) waits
-forever. Each worker here watches its parent and exits once it is gone.
+A worker whose parent is killed (SIGTERM before training starts, SIGKILL, a crash) would live
+on: a pool worker holds both ends of its task queue, so it never reads end-of-file, and every
+worker keeps the run's stdout and stderr open, so whoever reads them (a pipe, the report, a
+test) waits forever. Each worker here watches its parent and exits once it is gone.
 """
 
 import concurrent.futures
@@ -25,9 +26,10 @@ def pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
   )
 
 
-def exit_with_parent(parent: int) -> None:
+def exit_with_parent(parent: int, *_worker) -> None:
   """Starts a thread that ends this process once `parent` is not its parent any more (gone:
-  the process was re-parented)."""
+  the process was re-parented). Also grain's `worker_init_fn` (bound to the parent with
+  functools.partial; grain passes the worker's index and count, unused here)."""
 
   def watch():
     while os.getppid() == parent:

@@ -14,15 +14,17 @@ the stream is a function of (seed, k), so a resumed run starts the stream at its
 exactly the batches an uninterrupted run would.
 """
 
+import functools
 import itertools
 import logging
+import os
 
 import grain
 import numpy as np
 from absl import flags
 from PIL import Image
 
-from research import environment
+from research import environment, host_workers
 from research.data import fingerprint, folder
 from research.errors import UserError
 
@@ -119,7 +121,10 @@ def _iterate(ds: grain.MapDataset, workers: int):
   if workers:
     if not flags.FLAGS.is_parsed():  # grain's workers read absl flags; we parse none of ours
       flags.FLAGS.mark_as_parsed()
-    stream = stream.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
+    stream = stream.mp_prefetch(
+      grain.MultiprocessingOptions(num_workers=workers),
+      worker_init_fn=functools.partial(host_workers.exit_with_parent, os.getpid()),
+    )
   return iter(stream)
 
 
