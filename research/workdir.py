@@ -1,6 +1,7 @@
 """The run directory: where a run writes, and the check that a resume continues the same run."""
 
 import contextlib
+import errno
 import json
 import os
 from pathlib import Path
@@ -45,19 +46,36 @@ def check_writable(workdir: Path) -> None:
     )
 
 
+NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
 @contextlib.contextmanager
 def write_errors_are_user_errors(workdir: Path):
-  """An OSError on a path inside `workdir` (it cannot be created, the disk is full) becomes a
-  one-line user error; any other OSError stays as it is."""
+  """The OSErrors that mean the run cannot write its files become one-line user errors: the
+  workdir cannot be created, a path in it is not writable, or a disk is full. Any other
+  OSError (a file a bug looks for in vain) keeps its traceback."""
+  workdir = Path(workdir).absolute()
   try:
     yield
   except OSError as e:
-    path = Path(e.filename or "").absolute()
-    if not e.filename or not path.is_relative_to(Path(workdir).absolute()):
-      raise
-    raise UserError(
-      f"cannot write {path} ({e.strerror}); give a --workdir on a filesystem you can write to"
-    ) from e
+    path = Path(e.filename).absolute() if e.filename else None
+    inside = path is not None and path.is_relative_to(workdir)
+    if e.errno in (errno.ENOSPC, errno.EDQUOT) and (inside or path is None):
+      # A failed write or close names no file: the workdir's disk, or the data cache's.
+      raise UserError(
+        f"a disk this run writes to is full ({e.strerror}); free space, or give a --workdir on "
+        "another disk"
+      ) from e
+    if path == workdir and e.errno == errno.ENOENT:  # its parent is not a real directory
+      raise UserError(
+        f"cannot create --workdir={workdir} ({e.strerror}); give a directory on a filesystem "
+        "you can write to"
+      ) from e
+    if inside and e.errno in NOT_WRITABLE:
+      raise UserError(
+        f"cannot write {path} ({e.strerror}); give a --workdir you can write in"
+      ) from e
+    raise
 
 
 def check_resumable(workdir: Path, config: ml_collections.ConfigDict, allow_change: bool) -> None:

@@ -104,16 +104,37 @@ def test_different_experiment_in_existing_workdir_is_refused(tmp_path, workdir):
 @pytest.mark.skipif(not os.access("/proc", os.W_OK), reason="/proc is not writable: not root")
 def test_a_workdir_that_cannot_be_made_is_one_error_line(tmp_path):
   """/proc passes the permission check (for root) but refuses new directories."""
-  result = _run(["--config", SMOKE, "--workdir=/proc/research-run"], tmp_path)
-  line = _single_error_line(result)
-  assert line.startswith("error: cannot write /proc/research-run (No such file or directory)")
+  line = _single_error_line(_run(["--config", SMOKE, "--workdir=/proc/research-run"], tmp_path))
+  assert line.startswith("error: cannot create --workdir=/proc/research-run (")
 
 
-@pytest.mark.skipif(
+# A filesystem of our own (tmpfs) mounted in a user and mount namespace of the command's own.
+NAMESPACES = pytest.mark.skipif(
   shutil.which("unshare") is None
   or subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode != 0,
-  reason="needs user and mount namespaces (unshare -rm) to mount a read-only filesystem",
+  reason="needs user and mount namespaces (unshare -rm) to mount a filesystem",
 )
+
+
+def _run_on_tmpfs(mount_point, options: str, *args):
+  command = [sys.executable, "-m", "research.main", "--config", SMOKE, *args]
+  script = f'mount -t tmpfs -o {options} none "{mount_point}" && exec "$@"'
+  return subprocess.run(
+    ["unshare", "-rm", "sh", "-c", script, "sh", *command],
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+
+
+@NAMESPACES
+def test_a_full_disk_ends_the_run_with_one_error_line(tmp_path):
+  """200 kB fill up with the run's first files, before its first checkpoint."""
+  result = _run_on_tmpfs(tmp_path, "size=200k", f"--workdir={tmp_path / 'run'}")
+  assert "a disk this run writes to is full (No space left" in _single_error_line(result)
+
+
+@NAMESPACES
 @pytest.mark.parametrize("inside", ["", "new/run"])
 def test_a_workdir_on_a_read_only_filesystem_is_an_error_before_the_data_is_loaded(
   tmp_path, inside
@@ -121,14 +142,7 @@ def test_a_workdir_on_a_read_only_filesystem_is_an_error_before_the_data_is_load
   readonly = tmp_path / "readonly"
   readonly.mkdir()
   workdir = readonly / inside
-  command = [sys.executable, "-m", "research.main", "--config", SMOKE, f"--workdir={workdir}"]
-  script = f'mount -t tmpfs -o ro none "{readonly}" && exec "$@"'  # a real read-only mount
-  result = subprocess.run(
-    ["unshare", "-rm", "sh", "-c", script, "sh", *command],
-    capture_output=True,
-    text=True,
-    timeout=300,
-  )
+  result = _run_on_tmpfs(readonly, "ro", f"--workdir={workdir}")
   line = _single_error_line(result)
   assert f"--workdir={workdir.absolute()}".rstrip("/") in line and "is not writable" in line
   assert "decoding" not in result.stdout + result.stderr and "workdir:" not in result.stdout
