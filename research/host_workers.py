@@ -8,6 +8,7 @@ test) waits forever. Each worker here watches its parent and exits once it is go
 """
 
 import concurrent.futures
+import contextlib
 import multiprocessing
 import os
 import threading
@@ -16,14 +17,20 @@ import time
 PARENT_POLL_SEC = 0.5  # how long a worker outlives its parent at most
 
 
-def pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
-  """`workers` spawned processes: never fork a process that runs JAX (its threads)."""
-  return concurrent.futures.ProcessPoolExecutor(
+@contextlib.contextmanager
+def pool(workers: int):
+  """`workers` spawned processes (never fork a process that runs JAX: its threads). Leaving
+  the block on an error or Ctrl-C drops the work still queued instead of waiting for it."""
+  executor = concurrent.futures.ProcessPoolExecutor(
     workers,
     mp_context=multiprocessing.get_context("spawn"),
     initializer=exit_with_parent,
     initargs=(os.getpid(),),  # from here: the parent may be gone before a worker starts
   )
+  try:
+    yield executor
+  finally:
+    executor.shutdown(cancel_futures=True)
 
 
 def exit_with_parent(parent: int, *_worker) -> None:
