@@ -229,14 +229,16 @@ def host_augmented(config, steps: int, workers: int) -> float:
   device_config = config.copy_and_resolve_references()
   device_config.augment = on_device
   training = setup(device_config)
-  # The same step, given host-augmented batches as a streamed dataset gives them.
-  gather = functools.partial(inputs_lib.streamed_gather, step_key=jax.random.key(0))
-  step = jax.pmap(
-    functools.partial(training.train_step, gather=gather), axis_name=AXIS, donate_argnums=(0,)
-  )
   data = np.random.default_rng(0).integers(0, 256, (8192, 32, 32, 3), dtype=np.uint8)
   labels = np.random.default_rng(1).integers(0, 10, 8192).astype(np.int32)
   b = config.batch_size
+  # The same step, given host-augmented batches as a streamed dataset gives them.
+  gather = functools.partial(
+    inputs_lib.streamed_gather, step_key=jax.random.key(0), steps_per_epoch=len(data) // b
+  )
+  step = jax.pmap(
+    functools.partial(training.train_step, gather=gather), axis_name=AXIS, donate_argnums=(0,)
+  )
 
   def jobs():  # finite: the pool's map submits its whole input at once
     for i in range(steps + 3 + 4):  # timed + warm-up steps + what prefetch holds
