@@ -184,7 +184,7 @@ def _rough_minutes(m: Measurement, scale: str, machine: Path) -> str:
   stem = m.name.split("-")[0]
   measured = machine / f"throughput-{stem}-{m.dtype}.json"
   if not measured.exists():
-    return "no time estimate yet: it comes from the throughput part's record for this machine"
+    return "no time estimate until the throughput part has run on this machine (--only throughput)"
   config = m.config_dict()
   speed = json.loads(measured.read_text())["numbers"]["examples_per_sec"]
   steps = config.num_train_steps if config.num_train_steps > 0 else config.num_epochs * 195

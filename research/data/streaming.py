@@ -45,10 +45,11 @@ def open_source(name: str, split: str, data_dir: str):
     return tfds.data_source(name, split=split, data_dir=data_dir or None, download=False)
   except Exception as e:  # tfds raises several types for a missing dataset  # noqa: BLE001
     where = data_dir or "~/tensorflow_datasets"
+    why = (str(e).splitlines() or [""])[0][:200]  # tfds' own account, one line
     raise UserError(
-      f"dataset {name!r} ({split}) is not prepared in data_dir={where} ({type(e).__name__}); "
-      f"prepare it once with `tfds build {name} "
-      f"--data_dir=DIR --file_format=array_record` and pass --config.data_dir=DIR"
+      f"dataset {name!r} ({split}) is not prepared in data_dir={where} ({type(e).__name__}: "
+      f"{why}); prepare it once with `tfds build {name} --data_dir=DIR "
+      "--file_format=array_record` and pass --config.data_dir=DIR"
     ) from None
   finally:
     absl_log.setLevel(level)
