@@ -8,9 +8,10 @@ import sys
 import pytest
 
 
-def _run(args, tmp_path, **env):
+def _run(args, tmp_path, wrapper=(), **env):
+  """research.main with `args`, started through `wrapper` (a command that execs the rest)."""
   result = subprocess.run(
-    [sys.executable, "-m", "research.main", *args],
+    [*wrapper, sys.executable, "-m", "research.main", *args],
     capture_output=True,
     text=True,
     timeout=300,
@@ -117,14 +118,8 @@ NAMESPACES = pytest.mark.skipif(
 
 
 def _run_on_tmpfs(mount_point, options: str, *args):
-  command = [sys.executable, "-m", "research.main", "--config", SMOKE, *args]
   script = f'mount -t tmpfs -o {options} none "{mount_point}" && exec "$@"'
-  return subprocess.run(
-    ["unshare", "-rm", "sh", "-c", script, "sh", *command],
-    capture_output=True,
-    text=True,
-    timeout=300,
-  )
+  return _run(["--config", SMOKE, *args], mount_point, ["unshare", "-rm", "sh", "-c", script, "sh"])
 
 
 @NAMESPACES
