@@ -6,11 +6,16 @@ on the same number of devices continues bit for bit; on another count the restor
 the same but the batches drawn from then on differ (README, "Long runs").
 """
 
+import contextlib
+import errno
+import os
+import re
 import shutil
 from pathlib import Path
 
 import jax
 import ml_collections
+import numpy as np
 import orbax.checkpoint as ocp
 from flax import serialization, traverse_util
 from jax.experimental import multihost_utils
@@ -42,6 +47,15 @@ def _mismatch(saved: dict, wanted: dict) -> str:
   parts = sorted({p.split("/")[0] for p in problems})  # each problem starts with its path
   where = " and ".join(names.get(part, part) for part in parts)
   return f"{where}: " + "; ".join(problems[:2]) + more if problems else ""
+
+
+# How tensorstore, which writes orbax's files, reports a full disk inside a ValueError.
+_DISK_FULL = re.compile(rf"os_error_code='({errno.ENOSPC}|{errno.EDQUOT})'")
+
+
+def _disk_full(directory: Path, detail: str) -> OSError:
+  """The OSError of a full disk, which research.workdir turns into the run's one error line."""
+  return OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}: {detail}", str(directory))
 
 
 def _sync(name: str) -> None:
@@ -109,11 +123,36 @@ class Checkpoints:
     self.manager.reload()
 
   def save(self, step: int, state) -> None:
-    """Starts writing `state` (host arrays) in the background and returns."""
-    if step not in self.manager.all_steps():
-      self.manager.save(step, args=ocp.args.StandardSave(serialization.to_state_dict(state)))
+    """Starts writing `state` (host arrays) in the background and returns. A disk without room
+    for it is an OSError (ENOSPC) on every process before anything is written: orbax's
+    background writes would fail part-way, each with its own traceback."""
+    if step in self.manager.all_steps():
+      return
+    self._wait()  # the write before this one is on disk: the free space is what is left
+    needed = sum(x.nbytes for x in jax.tree.leaves(state))
+    free = shutil.disk_usage(self.directory).free
+    short = np.int32(free < needed)
+    if jax.process_count() > 1:  # all processes stop together, or none does
+      short = multihost_utils.process_allgather(short).max()
+    if short:
+      raise _disk_full(
+        self.directory,
+        f"the checkpoint at step {step} takes up to {needed / 1e6:.1f} MB, "
+        f"{self.directory} has {free / 1e6:.1f} MB free",
+      )
+    self.manager.save(step, args=ocp.args.StandardSave(serialization.to_state_dict(state)))
+
+  def _wait(self) -> None:
+    """Waits for the write in flight; one that found the disk full is an OSError (ENOSPC)."""
+    try:
+      self.manager.wait_until_finished()
+    except ValueError as e:
+      if not _DISK_FULL.search(str(e)):
+        raise
+      raise _disk_full(self.directory, "writing a checkpoint") from e
 
   def close(self) -> None:
     """Waits for writes in flight to finish."""
-    self.manager.wait_until_finished()
-    self.manager.close()
+    with contextlib.ExitStack() as stack:
+      stack.callback(self.manager.close)
+      self._wait()

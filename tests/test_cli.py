@@ -1,5 +1,6 @@
 """Bad input: one `error:` line, non-zero exit, nothing in the workdir overwritten."""
 
+import errno
 import os
 import shutil
 import subprocess
@@ -141,3 +142,45 @@ def test_a_workdir_on_a_read_only_filesystem_is_an_error_before_the_data_is_load
   line = _single_error_line(result)
   assert f"--workdir={workdir.absolute()}".rstrip("/") in line and "is not writable" in line
   assert "decoding" not in result.stdout + result.stderr and "workdir:" not in result.stdout
+
+
+# Writes a checkpoint of 2 MB into a 1 MB filesystem: through Checkpoints.save, then through
+# orbax alone, as when something else takes the space while the background write is under way.
+CHECKPOINT_ON_A_FULL_DISK = """
+import sys
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+from research import checkpoint
+
+ckpts = checkpoint.Checkpoints(sys.argv[1], ml_collections.ConfigDict(
+  {"checkpoint_every_steps": 1, "keep_checkpoints": 2}))
+state = {"w": np.random.default_rng(0).normal(size=500_000).astype(np.float32)}
+try:
+  ckpts.save(1, state)
+except OSError as e:
+  print("checked:", e.errno, e.strerror, sorted(ckpts.directory.iterdir()))
+ckpts.manager.save(2, args=ocp.args.StandardSave(state))
+try:
+  ckpts.close()
+except OSError as e:
+  print("written:", e.errno, e.strerror)
+"""
+
+
+@NAMESPACES
+def test_a_checkpoint_that_does_not_fit_on_the_disk_is_a_disk_full_error(tmp_path):
+  script = f'mount -t tmpfs -o size=1m none "{tmp_path}" && exec "$@"'
+  command = [sys.executable, "-c", CHECKPOINT_ON_A_FULL_DISK, str(tmp_path / "run")]
+  result = subprocess.run(
+    ["unshare", "-rm", "sh", "-c", script, "sh", *command],
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  checked, written = result.stdout.splitlines()
+  assert checked == (
+    f"checked: {errno.ENOSPC} No space left on device: the checkpoint at step 1 takes up to "
+    f"2.0 MB, {tmp_path}/run/checkpoints has 1.0 MB free []"
+  )
+  assert written == f"written: {errno.ENOSPC} No space left on device: writing a checkpoint"
