@@ -66,3 +66,33 @@ os.kill(os.getpid(), signal.SIGKILL)
 
 def test_the_streamed_input_s_workers_exit_when_the_run_is_killed():
   _killed(GRAIN_KILLED)
+
+
+# A run's streams, read and closed as training and evaluation do, in a process that then exits.
+GRAIN_READ = """
+import numpy as np
+import grain
+from research.data import streaming
+
+def run():
+  images = grain.MapDataset.range(64).map(lambda i: {"image": np.full((32, 32, 3), i, np.uint8)})
+  batches = streaming.batch_stream(images.repeat(None), batch=4, start=0, workers=2)
+  seen = [next(batches)["image"] for _ in range(40)]
+  batches.close()
+  evaluated = list(streaming.eval_batches(images, 4, workers=2))
+  print(len(seen), len(evaluated))
+
+run()
+"""
+
+
+def test_a_run_that_read_streamed_batches_exits_with_their_shared_memory_freed():
+  result = subprocess.run(
+    [sys.executable, "-c", GRAIN_READ],
+    capture_output=True,
+    text=True,
+    cwd=Path(__file__).parent.parent,
+    timeout=60,
+  )
+  assert result.returncode == 0 and result.stdout == "40 16\n", result.stderr
+  assert "leaked" not in result.stderr and "Traceback" not in result.stderr, result.stderr

@@ -14,6 +14,7 @@ the stream is a function of (seed, k), so a resumed run starts the stream at its
 exactly the batches an uninterrupted run would.
 """
 
+import atexit
 import functools
 import itertools
 import logging
@@ -22,6 +23,7 @@ import os
 import grain
 import numpy as np
 from absl import flags
+from grain.multiprocessing import SharedMemoryArray
 from PIL import Image
 
 from research import environment, host_workers
@@ -127,6 +129,21 @@ def _iterate(ds: grain.MapDataset, workers: int):
       worker_init_fn=functools.partial(host_workers.exit_with_parent, os.getpid()),
     )
   return iter(stream)
+
+
+def _unlink_consumed() -> None:
+  """The workers hand elements over in shared memory, which grain unlinks once an element is
+  dropped, on a thread of its own. What that thread has not done when the run exits is left to
+  multiprocessing's resource tracker, which warns of "leaked shared_memory objects": at exit,
+  later drops unlink at once and the thread finishes its queue first."""
+  pending = SharedMemoryArray._del_thread_pool  # private: grain has no public way to wait
+  SharedMemoryArray._disable_async_del()
+  if pending is not None:
+    pending.close()
+    pending.join()
+
+
+atexit.register(_unlink_consumed)
 
 
 def batch_stream(ds: grain.MapDataset, batch: int, start: int, workers: int):
