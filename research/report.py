@@ -340,6 +340,8 @@ def main() -> int:
   )
   args = parser.parse_args()
   try:
+    if not args.budget > 0:
+      raise UserError(f"--budget={args.budget:g}: give the seconds a part may take, above 0")
     environment.check({**environment.CORE, **environment.PLOTS})
     if args.render:
       render()

@@ -7,8 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from research import measure, report, results
-from research.errors import EXIT_USER_ERROR
+from research.errors import EXIT_USER_ERROR, UserError
 
 ROOT = Path(__file__).parent.parent
 
@@ -185,3 +187,20 @@ def test_a_run_preempted_by_someone_else_is_not_recorded_as_finished(tmp_path, m
     log.write_text(json.dumps({"step": 1, "loss": 2.3}) + "\n" + json.dumps(ends[end]) + "\n")
     monkeypatch.setattr(measure, "run_child", lambda *a, **k: 0)
     assert measure._train(["configs/cifar_speedrun.py"], tmp_path, budget_end=0) is finished
+
+
+def test_a_run_that_fails_stops_the_report_with_an_error(tmp_path, monkeypatch):
+  """A bad data folder, say: the run has printed its own error line; a rerun would fail too."""
+  monkeypatch.setattr(measure, "run_child", lambda *a, **k: EXIT_USER_ERROR)
+  with pytest.raises(UserError, match=r"the training run failed \(exit code 2; its message is"):
+    measure._train(["configs/cifar_vgg.py:smoke"], tmp_path, budget_end=0)
+
+
+@pytest.mark.parametrize("budget", ["0", "-5"])
+def test_a_budget_of_no_time_is_an_error(budget, monkeypatch, capsys, tmp_path):
+  argv = ["report", f"--budget={budget}", f"--results={tmp_path}", f"--workdir={tmp_path}"]
+  monkeypatch.setattr(sys, "argv", argv)
+  assert report.main() == EXIT_USER_ERROR
+  error = capsys.readouterr().err
+  assert error == f"error: --budget={budget}: give the seconds a part may take, above 0\n"
+  assert not any(tmp_path.iterdir())
