@@ -44,6 +44,7 @@ from PIL import Image
 from research import configuration, host_memory, host_workers
 from research import inputs as inputs_lib
 from research.data import folder
+from research.errors import EXIT_USER_ERROR, UserError
 from research.models import layers
 from research.placement import replicate
 from research.steps import AXIS
@@ -331,6 +332,11 @@ def main() -> None:
   )
   parser.add_argument("--jpegs", type=int, default=200, help="generated JPEGs to decode")
   args = parser.parse_args()
+  try:
+    _check(args)
+  except UserError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(EXIT_USER_ERROR)
   workdir = Path(args.workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   results = {
@@ -369,6 +375,23 @@ def main() -> None:
   (workdir / "benchmark.json").write_text(json.dumps(results, indent=2) + "\n")
   _print(results)
   print(f"wrote {workdir / 'benchmark.json'}")
+
+
+def _check(args) -> None:
+  """Every argument usable, before anything runs or is written."""
+  for name in ("steps", "workers", "rounds", "jpegs"):
+    if getattr(args, name) < 1:
+      raise UserError(f"--{name}={getattr(args, name)}: give a number above 0")
+  unknown = set(filter(None, args.variants.split(","))) - set(form_variants())
+  if unknown:
+    raise UserError(
+      f"--variants: no variant {', '.join(map(repr, sorted(unknown)))}; there are "
+      f"{', '.join(map(repr, form_variants()))}"
+    )
+  for spec in filter(None, args.configs.split(",")):
+    configuration.load(spec)  # a UserError names what is wrong with it
+  if Path(args.workdir).exists() and not Path(args.workdir).is_dir():
+    raise UserError(f"--workdir={args.workdir} is a file; give a directory")
 
 
 def _print(results: dict) -> None:

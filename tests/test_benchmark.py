@@ -1,8 +1,35 @@
 """The benchmarks' own code paths run (their ratios are measured on real hosts, not here)."""
 
+import sys
+
+import pytest
+
 from research import benchmark, configuration
+from research.errors import EXIT_USER_ERROR
 
 
 def test_host_augmented_batches_from_worker_processes_train_the_step():
   config = configuration.load("configs/cifar_vgg.py:smoke")
   assert benchmark.host_augmented(config, steps=2, workers=1) > 0  # examples/s
+
+
+@pytest.mark.parametrize(
+  "args, message",
+  [
+    (["--only=train", "--steps=0"], "--steps=0: give a number above 0"),
+    (["--only=decode", "--jpegs=0"], "--jpegs=0: give a number above 0"),
+    (["--only=forms", "--variants=all,bogus"], "--variants: no variant 'bogus'; there are 'all', "),
+    (["--only=forms", "--configs=configs/nope.py"], "config file configs/nope.py not found"),
+  ],
+)
+def test_bad_arguments_are_one_error_line_before_anything_runs(
+  args, message, tmp_path, monkeypatch, capsys
+):
+  workdir = tmp_path / "bench"
+  monkeypatch.setattr(sys, "argv", ["benchmark", *args, f"--workdir={workdir}"])
+  with pytest.raises(SystemExit) as exit:
+    benchmark.main()
+  assert exit.value.code == EXIT_USER_ERROR
+  error = capsys.readouterr().err
+  assert error.startswith(f"error: {message}") and error.count("\n") == 1
+  assert not workdir.exists()
