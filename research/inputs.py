@@ -22,7 +22,7 @@ import numpy as np
 from jax import lax
 
 from research import environment, steps
-from research.data import STREAMED, ImageDataset, fingerprint, folder
+from research.data import STREAMED, ImageDataset, check_num_classes, fingerprint, folder
 from research.data.load import load_in_memory
 from research.errors import UserError
 from research.placement import first_replica, pad_for_eval, replicate, to_devices, upload_shards
@@ -51,7 +51,7 @@ def make(config, *, per_device_batch, augment, preprocess, shuffle_key, step_key
   scanned = None
   if config.dataset == "folder":
     scanned = folder.scan(config.data_dir, config.skip_bad_images)
-    folder.check_num_classes(scanned, config.model.num_classes)
+    check_num_classes(str(scanned.root), len(scanned.classes), config.model.num_classes)
   placement = config.data_placement  # folder only; tfds datasets always stream
   if scanned is not None and placement == "auto":
     fits = folder.fits_on_devices(scanned, config.resident_max_gb)

@@ -34,6 +34,7 @@ INT_FIELDS = (
   ("prefetch", 1),
   ("host_image_size", 1),
   ("micro_batch_size", 0),
+  ("seed", 0),
 )
 # Numeric fields with a valid range: (field, the range in words, the test).
 RANGES = (
@@ -56,6 +57,16 @@ RANGES = (
   ("synthetic_image_size", ">= 1", lambda x: x >= 1),
   ("synthetic_noise", ">= 0", lambda x: x >= 0),
   ("log_every_seconds", "> 0", lambda x: x > 0),
+)
+
+# The same for the model's fields, where its model has them.
+MODEL_RANGES = (
+  ("num_classes", ">= 2", lambda x: x >= 2),
+  ("width", "> 0", lambda x: x > 0),
+  ("init_examples", ">= 1", lambda x: x >= 1),
+  ("whiten_eps", "> 0", lambda x: x > 0),
+  ("bn_momentum", "in [0, 1)", lambda x: 0 <= x < 1),
+  ("dropout_rate", "in [0, 1)", lambda x: 0 <= x < 1),
 )
 
 
@@ -160,6 +171,7 @@ def train_config(config: ml_collections.ConfigDict, n_devices: int) -> Checked:
     hint = f"; say {aliases[config.model.dtype]!r}" if config.model.dtype in aliases else ""
     raise UserError(f"model.dtype={config.model.dtype!r} is not one of {', '.join(DTYPES)}{hint}")
   _choice("model.name", config.model.name, models.available())
+  _in_ranges(config.model, [r for r in MODEL_RANGES if r[0] in config.model], "model.")
   profile = tuple(config.profile_steps)
   if profile and not (
     len(profile) == 2 and all(isinstance(s, int) for s in profile) and 1 <= profile[0] < profile[1]

@@ -48,6 +48,9 @@ SLICE = Path(__file__).parent / "data" / "cifar10_slice"  # real JPEGs, 10 class
     ("--config.batch_size=-64", "batch_size=-64 must be a whole number >= 1"),
     ("--config.eval_batch_size=0", "eval_batch_size=0 must be a whole number >= 1"),
     ("--config.num_train_steps=-5", "num_train_steps=-5 must be -1 (num_epochs decides) or >= 1"),
+    ("--config.seed=-1", "seed=-1 must be a whole number >= 0"),
+    ("--config.model.num_classes=1", "model.num_classes=1 must be a number >= 2"),
+    ("--config.model.width=0", "model.width=0.0 must be a number > 0"),
     (
       "--config.augment=crop(4)|flip_lr",
       "augment='crop(4)|flip_lr' maps pixel values by none but eval_preprocess='standardize' by "

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from research.errors import UserError
+
 IN_MEMORY = ("cifar10", "synthetic")  # loaded whole by research/data/load.py
 STREAMED = ("imagenet2012", "imagenette")  # tfds array_record, research/data/streaming.py
 DATASETS = (*IN_MEMORY, *STREAMED, "folder")  # folder: resident or streamed (data_placement)
@@ -38,3 +40,12 @@ def fingerprint(*arrays: np.ndarray) -> str:
     digest.update(str((a.dtype, a.shape)).encode())
     digest.update(np.ascontiguousarray(a).data)
   return digest.hexdigest()[:16]
+
+
+def check_num_classes(where: str, classes: int, num_classes: int) -> None:
+  """The model's outputs are the data's classes, one for one."""
+  if num_classes != classes:
+    raise UserError(
+      f"{where} has {classes} classes but model.num_classes={num_classes}; "
+      f"pass --config.model.num_classes={classes}"
+    )

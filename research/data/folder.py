@@ -116,14 +116,6 @@ def scan(data_dir: str, skip_bad: bool = False) -> Folder:
   return Folder(root, classes, train, _split(root, eval_name, classes))
 
 
-def check_num_classes(folder: Folder, num_classes: int) -> None:
-  if num_classes != len(folder.classes):
-    raise UserError(
-      f"{folder.root} has {len(folder.classes)} classes but model.num_classes={num_classes}; "
-      f"pass --config.model.num_classes={len(folder.classes)}"
-    )
-
-
 def read_rgb(path: str, max_side: int = 0) -> np.ndarray:
   """Decodes one file to uint8 [h, w, 3]; with max_side, its longer side resized to max_side.
 

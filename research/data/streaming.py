@@ -27,7 +27,7 @@ from grain.multiprocessing import SharedMemoryArray
 from PIL import Image
 
 from research import environment, host_workers
-from research.data import fingerprint, folder
+from research.data import check_num_classes, fingerprint, folder
 from research.errors import UserError
 
 EVAL_SPLIT = {"imagenet2012": "validation", "imagenette": "validation"}
@@ -89,7 +89,7 @@ def sources(config, scanned: folder.Folder | None = None) -> tuple:
   size = config.host_image_size
   if config.dataset == "folder":
     data = scanned or folder.scan(config.data_dir, config.skip_bad_images)
-    folder.check_num_classes(data, config.model.num_classes)
+    check_num_classes(str(data.root), len(data.classes), config.model.num_classes)
     train, test = (
       folder.FileImages(data.root, split, size, config.skip_bad_images)
       for split in (data.train, data.eval)
