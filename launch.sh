@@ -20,9 +20,9 @@ cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
 VENV=${RESEARCH_VENV:-.venv}
 
-usage() {
+usage() {  # $1: the exit code (0 when help was asked for)
   sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
-  exit 1
+  exit "$1"
 }
 
 lock_for() {  # $1: extras
@@ -69,7 +69,8 @@ wanted_extras() {  # the GPU set where a GPU is seen or the venv holds it alread
   fi
 }
 
-[[ $# -lt 1 || $1 == -h || $1 == --help ]] && usage
+[[ $# -lt 1 ]] && usage 2
+[[ $1 == -h || $1 == --help ]] && usage 0
 
 if [[ $1 == lock ]]; then
   # The newest versions pyproject.toml allows, resolved in a scratch venv; run the suite after.

@@ -151,3 +151,12 @@ def test_a_wheelhouse_for_another_python_installs_without_an_index(tmp_path):
     timeout=120,
   )
   assert (site / "ml_collections" / "__init__.py").is_file() and wheel.stat().st_size > 0
+
+
+@pytest.mark.parametrize("args, code", [(["--help"], 0), (["-h"], 0), ([], 2)])
+def test_help_is_the_usage_and_no_arguments_is_the_usage_with_an_error_code(args, code, tmp_path):
+  result = _launch(args, tmp_path)
+  assert result.returncode == code
+  assert (
+    result.stdout.startswith("./launch.sh CONFIG[:variant]") and "./launch.sh test" in result.stdout
+  )
