@@ -122,6 +122,13 @@ class Checkpoints:
     _sync(f"checkpoint-{step}-moved")
     self.manager.reload()
 
+  def kept(self) -> str:
+    """The newest checkpoint, in words, for an error that stops the run."""
+    last = self.manager.latest_step()
+    if last is None:
+      return "no checkpoint had been written"
+    return f"the last good checkpoint, of step {last}, is kept in {self.directory}"
+
   def save(self, step: int, state) -> None:
     """Starts writing `state` (host arrays) in the background and returns. A disk without room
     for it is an OSError (ENOSPC) on every process before anything is written: orbax's

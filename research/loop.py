@@ -69,7 +69,7 @@ class Progress:
   def __init__(self, config, log, schedule, start_step: int, num_steps: int, echo, checkpoints):
     self.config, self.log, self.schedule, self.echo = config, log, schedule, echo
     self.start_step, self.num_steps = start_step, num_steps
-    self.checkpoints = checkpoints.directory  # named when training stops on NaN
+    self.checkpoints = checkpoints  # named when training stops on NaN
     self.single_process = jax.process_count() == 1
     self.is_main = jax.process_index() == 0
     self.warned_long = False
@@ -102,8 +102,8 @@ class Progress:
     }
     if not (np.isfinite(record["loss"]) and np.isfinite(record["grad_norm"])):
       raise UserError(
-        f"loss or gradients became NaN/inf by step {step} (loss {record['loss']}); the last "
-        f"good checkpoint is kept in {self.checkpoints}; lower learning_rate or set grad_clip_norm"
+        f"loss or gradients became NaN/inf by step {step} (loss {record['loss']}); "
+        f"{self.checkpoints.kept()}; lower learning_rate or set grad_clip_norm"
       )
     self.log.train(record)
     if not self.is_main:

@@ -173,8 +173,8 @@ def _finite_or_stop(state, step: int, checkpoints):
   """`state` if all its parameters are finite; otherwise stop before it is saved."""
   if not all(np.isfinite(x).all() for x in jax.tree.leaves(state.params)):
     raise UserError(
-      f"parameters became NaN/inf by step {step}; the last good checkpoint is kept in "
-      f"{checkpoints.directory}; lower learning_rate or set grad_clip_norm"
+      f"parameters became NaN/inf by step {step}; {checkpoints.kept()}; lower learning_rate "
+      "or set grad_clip_norm"
     )
   return state
 

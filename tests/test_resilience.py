@@ -274,13 +274,16 @@ def _template_state(config):
 
 def test_divergence_stops_with_a_clear_error_and_keeps_good_checkpoints(tmp_path):
   config = _smoke_config(learning_rate=1e9, log_every_steps=4, checkpoint_every_steps=2)
-  with pytest.raises(UserError, match=r"NaN/inf by step \d+"):
+  with pytest.raises(UserError, match=r"NaN/inf by step \d+") as e:
     train_and_evaluate(config, str(tmp_path))
   ckpts = checkpoint.Checkpoints(tmp_path, config)
   steps = ckpts.manager.all_steps()
   if steps:  # any checkpoint that was written holds finite parameters
     state = ckpts.restore_latest(_template_state(config))
     assert all(np.isfinite(x).all() for x in jax.tree.leaves(state.params))
+    assert f"the last good checkpoint, of step {max(steps)}, is kept in " in str(e.value)
+  else:
+    assert "no checkpoint had been written" in str(e.value)
   ckpts.close()
 
 
