@@ -152,6 +152,11 @@ def train_config(config: ml_collections.ConfigDict, n_devices: int) -> Checked:
   """Checks every field of a training config."""
   _choice("dataset", config.dataset, DATASETS)
   _choice("data_placement", config.data_placement, PLACEMENTS)
+  if config.dataset == "synthetic" and config.data_dir:
+    raise UserError(
+      f"data_dir={config.data_dir!r} is set but dataset='synthetic' reads no files; to train "
+      "on it, pass --config.dataset=folder (an image folder) or cifar10 (the archive)"
+    )
   for field, minimum in INT_FIELDS:
     value = config[field]
     if not isinstance(value, int) or value < minimum:

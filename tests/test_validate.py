@@ -49,6 +49,7 @@ SLICE = Path(__file__).parent / "data" / "cifar10_slice"  # real JPEGs, 10 class
     ("--config.eval_batch_size=0", "eval_batch_size=0 must be a whole number >= 1"),
     ("--config.num_train_steps=-5", "num_train_steps=-5 must be -1 (num_epochs decides) or >= 1"),
     ("--config.seed=-1", "seed=-1 must be a whole number >= 0"),
+    ("--config.data_dir=/data/x", "data_dir='/data/x' is set but dataset='synthetic' reads no"),
     ("--config.model.num_classes=1", "model.num_classes=1 must be a number >= 2"),
     ("--config.model.width=0", "model.width=0.0 must be a number > 0"),
     (
