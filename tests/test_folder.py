@@ -48,6 +48,7 @@ def test_classes_are_the_sorted_train_directories_and_files_sorted_within():
   "layout, message",
   [
     ([], "does not exist"),
+    ([""], "is a file, not a directory"),  # the root itself: an archive, say
     (["x/a/1.png"], "has no train/ directory"),
     (["train/a/1.png"], "has no val/, validation/ or test/"),
     (["train/a/1.png", "val/b/1.png"], "classes that train/ lacks: b"),
