@@ -204,3 +204,15 @@ def test_a_budget_of_no_time_is_an_error(budget, monkeypatch, capsys, tmp_path):
   error = capsys.readouterr().err
   assert error == f"error: --budget={budget}: give the seconds a part may take, above 0\n"
   assert not any(tmp_path.iterdir())
+
+
+def test_a_tiny_report_records_beside_its_runs_not_in_the_readme_s_results(
+  monkeypatch, capsys, tmp_path
+):
+  monkeypatch.setattr(report, "DEFAULT_DATA", tmp_path / "absent")  # no data: nothing trains
+  monkeypatch.setattr(
+    sys, "argv", ["report", "--scale=tiny", "--only=main", f"--workdir={tmp_path}"]
+  )
+  assert report.main() == 0
+  output = capsys.readouterr().out
+  assert f"into {tmp_path / 'results'}/" in output and "rendered the tables" not in output
