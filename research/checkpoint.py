@@ -137,7 +137,9 @@ class Checkpoints:
       return
     self._wait()  # the write before this one is on disk: the free space is what is left
     needed = sum(x.nbytes for x in jax.tree.leaves(state))
-    free = shutil.disk_usage(self.directory).free
+    # Process 0 makes the directory: another process may look before it is there.
+    existing = next(p for p in (self.directory, *self.directory.parents) if p.exists())
+    free = shutil.disk_usage(existing).free
     short = np.int32(free < needed)
     if jax.process_count() > 1:  # all processes stop together, or none does
       short = multihost_utils.process_allgather(short).max()
