@@ -24,6 +24,8 @@ recorded is skipped (`--again` redoes it). A part stops starting measurements on
 seconds have passed, and a training run is stopped (SIGTERM: it checkpoints) at the budget and
 resumed by the next invocation, so every invocation fits a 10-minute slot. A SIGTERM or Ctrl-C
 to the report reaches the training run first: it checkpoints, and the next invocation resumes it.
+A training run that fails stops the report (exit 2). `--scale=tiny` runs the parts at the
+tests' sizes and records into WORKDIR/results, never into the README's tables.
 """
 
 import argparse
