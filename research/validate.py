@@ -16,7 +16,7 @@ import ml_collections
 
 from research import augment as augment_lib
 from research import models, optim, scaling
-from research.data import DATASETS, PLACEMENTS
+from research.data import CLASSES, DATASETS, PLACEMENTS, check_num_classes
 from research.errors import UserError
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -152,6 +152,8 @@ def train_config(config: ml_collections.ConfigDict, n_devices: int) -> Checked:
   """Checks every field of a training config."""
   _choice("dataset", config.dataset, DATASETS)
   _choice("data_placement", config.data_placement, PLACEMENTS)
+  if config.dataset in CLASSES:
+    check_num_classes(config.dataset, CLASSES[config.dataset], config.model.num_classes)
   if config.dataset == "synthetic" and config.data_dir:
     raise UserError(
       f"data_dir={config.data_dir!r} is set but dataset='synthetic' reads no files; to train "

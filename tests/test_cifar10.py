@@ -1,15 +1,12 @@
 """CIFAR-10 readers on small data written in the official formats."""
 
-import re
 import tarfile
 
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from research import configuration
 from research.data import cifar10
-from research.data.load import load_in_memory
 from research.errors import UserError
 
 
@@ -99,12 +96,3 @@ def test_a_tfrecord_cifar10_in_home_is_passed_over_for_the_cached_archive(
   _tfrecord_preparation(tmp_path / "tensorflow_datasets")
   monkeypatch.setattr(cifar10, "CACHE", path.parent)
   np.testing.assert_array_equal(cifar10.load_cached().test_labels, arrays["test_batch"][1])
-
-
-def test_a_model_with_other_than_cifar10_s_ten_classes_is_an_error(cifar_archive):
-  config = configuration.load("configs/cifar_vgg.py:smoke")
-  config.update(dataset="cifar10", data_dir=str(cifar_archive[0]))
-  config.model.num_classes = 100
-  message = "cifar10 has 10 classes but model.num_classes=100; pass --config.model.num_classes=10"
-  with pytest.raises(UserError, match=re.escape(message)):
-    load_in_memory(config)

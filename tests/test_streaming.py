@@ -43,16 +43,6 @@ def test_eval_stream_covers_the_split_once_with_padding_masked():
   assert sum(b["mask"].sum() for b in batches) == 21
 
 
-def test_a_model_with_other_classes_than_the_tfds_dataset_is_an_error(mock_imagenet_config):
-  config = mock_imagenet_config(dataset="imagenette")  # 10 classes; the model has 1000
-  with tfds.testing.mock_data(num_examples=4), pytest.raises(UserError) as e:
-    streaming.sources(config)
-  message = (
-    "imagenette has 10 classes but model.num_classes=1000; pass --config.model.num_classes=10"
-  )
-  assert str(e.value) == message
-
-
 def test_not_prepared_dataset_is_a_clear_error_and_nothing_else(tmp_path, caplog):
   with pytest.raises(UserError, match="not prepared.*tfds build imagenet2012"):
     streaming.open_source("imagenet2012", "train", str(tmp_path))

@@ -71,6 +71,23 @@ def test_bad_values_are_one_line_errors_before_the_workdir_is_made(tmp_path, ove
 
 
 @pytest.mark.parametrize(
+  "dataset, classes", [("cifar10", 10), ("imagenette", 10), ("imagenet2012", 1000)]
+)
+def test_a_model_with_other_classes_than_its_dataset_is_an_error_before_any_download(
+  dataset, classes, tmp_path
+):
+  workdir = tmp_path / "run"
+  args = ["--config", SMOKE, f"--workdir={workdir}", f"--config.dataset={dataset}"]
+  with pytest.raises(UserError) as e:
+    main.run([*args, "--config.model.num_classes=7"])
+  assert str(e.value) == (
+    f"{dataset} has {classes} classes but model.num_classes=7; "
+    f"pass --config.model.num_classes={classes}"
+  )
+  assert not workdir.exists()
+
+
+@pytest.mark.parametrize(
   "override, message",
   [
     (
