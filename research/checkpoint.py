@@ -6,7 +6,6 @@ on the same number of devices continues bit for bit; on another count the restor
 the same but the batches drawn from then on differ (README, "Long runs").
 """
 
-import contextlib
 import errno
 import os
 import re
@@ -20,6 +19,7 @@ import orbax.checkpoint as ocp
 from flax import serialization, traverse_util
 from jax.experimental import multihost_utils
 
+from research import workdir as workdir_lib
 from research.errors import UserError
 
 
@@ -53,9 +53,10 @@ def _mismatch(saved: dict, wanted: dict) -> str:
 _DISK_FULL = re.compile(rf"os_error_code='({errno.ENOSPC}|{errno.EDQUOT})'")
 
 
-def _disk_full(directory: Path, detail: str) -> OSError:
-  """The OSError of a full disk, which research.workdir turns into the run's one error line."""
-  return OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}: {detail}", str(directory))
+def _disk_full(directory: Path, detail: str, code: int = errno.ENOSPC) -> OSError:
+  """The OSError of a full disk (or quota), which research.workdir turns into the run's one
+  error line."""
+  return OSError(code, f"{os.strerror(code)}: {detail}", str(directory))
 
 
 def _sync(name: str) -> None:
@@ -131,37 +132,44 @@ class Checkpoints:
 
   def save(self, step: int, state) -> None:
     """Starts writing `state` (host arrays) in the background and returns. A disk without room
-    for it is an OSError (ENOSPC) on every process before anything is written: orbax's
-    background writes would fail part-way, each with its own traceback."""
+    for it, or a write before it that found its disk full, is an OSError on every process
+    before anything is written: orbax's background writes would fail part-way."""
     if step in self.manager.all_steps():
       return
-    self._wait()  # the write before this one is on disk: the free space is what is left
-    needed = sum(x.nbytes for x in jax.tree.leaves(state))
+    try:
+      self._wait()  # the write before this one is on disk: the free space is what is left
+      failed = None
+    except OSError as e:  # maybe on this process only: orbax writes some arrays on process 0
+      failed = e
+    needed = sum(x.nbytes for x in jax.tree.leaves(state))  # about its size on disk
     # Process 0 makes the directory: another process may look before it is there.
-    existing = next(p for p in (self.directory, *self.directory.parents) if p.exists())
-    free = shutil.disk_usage(existing).free
-    short = np.int32(free < needed)
+    free = shutil.disk_usage(workdir_lib.nearest_existing(self.directory)).free
+    seen = np.array([failed is not None, -free], np.float32)  # what allgather carries
     if jax.process_count() > 1:  # all processes stop together, or none does
-      short = multihost_utils.process_allgather(short).max()
-    if short:
+      seen = multihost_utils.process_allgather(seen).max(axis=0)
+    failed_anywhere, free = bool(seen[0]), -seen[1]  # the least free space of any process
+    if failed_anywhere:
+      raise failed or _disk_full(self.directory, "a checkpoint write failed on another process")
+    if free < needed:
       raise _disk_full(
         self.directory,
-        f"the checkpoint at step {step} takes up to {needed / 1e6:.1f} MB, "
+        f"the checkpoint at step {step} takes about {needed / 1e6:.1f} MB, "
         f"{self.directory} has {free / 1e6:.1f} MB free",
       )
     self.manager.save(step, args=ocp.args.StandardSave(serialization.to_state_dict(state)))
 
   def _wait(self) -> None:
-    """Waits for the write in flight; one that found the disk full is an OSError (ENOSPC)."""
+    """Waits for the write in flight; one that found its disk full is an OSError."""
     try:
       self.manager.wait_until_finished()
     except ValueError as e:
-      if not _DISK_FULL.search(str(e)):
+      if not (full := _DISK_FULL.search(str(e))):
         raise
-      raise _disk_full(self.directory, "writing a checkpoint") from e
+      raise _disk_full(self.directory, "writing a checkpoint", int(full[1])) from e
 
   def close(self) -> None:
     """Waits for writes in flight to finish."""
-    with contextlib.ExitStack() as stack:
-      stack.callback(self.manager.close)
+    try:
       self._wait()
+    finally:
+      self.manager.close()

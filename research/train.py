@@ -6,6 +6,7 @@ one device does in a step is research/steps.py; what the loop records is researc
 The host here only dispatches steps and fetches metrics every `log_every_steps`.
 """
 
+import contextlib
 import dataclasses
 import functools
 import importlib.metadata
@@ -333,13 +334,17 @@ def train_and_evaluate(
           eval_and_checkpoint(step, rstate)
       final = finish(rstate, preemption)
     finally:
-      getattr(stream, "close", lambda: None)()  # streamed: stop the decode workers
-      bar.close()
-      checkpoints.close()  # a write in flight is finished, never left half-done
-      log.close()
-      if inputs.fallback_reason and is_main:  # last, however the run ends
-        message = f"THIS RUN TRAINED ON SYNTHETIC DATA, NOT CIFAR-10.\n{inputs.fallback_reason}"
-        print(_banner(message), flush=True)
+      # The callbacks run last-registered first, each even if one before it raises: the
+      # decode workers stop, the bar, a checkpoint write in flight finishes (never left
+      # half-done), the log closes, and the synthetic-data banner comes last.
+      with contextlib.ExitStack() as cleanup:
+        if inputs.fallback_reason and is_main:
+          message = f"THIS RUN TRAINED ON SYNTHETIC DATA, NOT CIFAR-10.\n{inputs.fallback_reason}"
+          cleanup.callback(print, _banner(message), flush=True)
+        cleanup.callback(log.close)
+        cleanup.callback(checkpoints.close)
+        cleanup.callback(bar.close)
+        cleanup.callback(getattr(stream, "close", lambda: None))
   if skipped_at_start != inputs.skipped_images() and is_main:  # streamed: counted as read
     echo(f"skipped {inputs.skipped_images()} reads of undecodable files (skip_bad_images)")
     with open(workdir / "metadata.jsonl", "a") as f:

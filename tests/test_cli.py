@@ -180,7 +180,7 @@ def test_a_checkpoint_that_does_not_fit_on_the_disk_is_a_disk_full_error(tmp_pat
   )
   checked, written = result.stdout.splitlines()
   assert checked == (
-    f"checked: {errno.ENOSPC} No space left on device: the checkpoint at step 1 takes up to "
+    f"checked: {errno.ENOSPC} No space left on device: the checkpoint at step 1 takes about "
     f"2.0 MB, {tmp_path}/run/checkpoints has 1.0 MB free []"
   )
   assert written == f"written: {errno.ENOSPC} No space left on device: writing a checkpoint"
