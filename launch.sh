@@ -69,7 +69,10 @@ wanted_extras() {  # the GPU set where a GPU is seen or the venv holds it alread
   fi
 }
 
-[[ $# -lt 1 ]] && usage 2
+if [[ $# -lt 1 ]]; then
+  echo "error: give a config to train or a command (the usage is below)" >&2
+  usage 2
+fi
 [[ $1 == -h || $1 == --help ]] && usage 0
 
 if [[ $1 == lock ]]; then

@@ -43,6 +43,7 @@ from PIL import Image
 
 from research import configuration, host_memory, host_workers
 from research import inputs as inputs_lib
+from research import workdir as workdir_lib
 from research.data import folder
 from research.errors import EXIT_USER_ERROR, UserError
 from research.models import layers
@@ -368,9 +369,7 @@ def main() -> None:
   if args.only == "cpu" or (run_all and on_cpu):  # full-size models on a CPU: ~10 minutes
     results["cpu"] = {Path(path).stem: cpu_steps(path) for path in CONFIGS}
   if args.only == "forms":
-    variants = args.variants.split(",") if args.variants else list(form_variants())
-    configs = args.configs.split(",") if args.configs else FORM_CONFIGS
-    results["forms"] = {path: cpu_forms(path, variants, args.rounds) for path in configs}
+    results["forms"] = {path: cpu_forms(path, args.variants, args.rounds) for path in args.configs}
     results["malloc"] = "system" if args.system_malloc else "host_memory"
   (workdir / "benchmark.json").write_text(json.dumps(results, indent=2) + "\n")
   _print(results)
@@ -378,20 +377,21 @@ def main() -> None:
 
 
 def _check(args) -> None:
-  """Every argument usable, before anything runs or is written."""
+  """Every argument usable, before anything runs or is written; --variants and --configs
+  become lists (their defaults when empty)."""
   for name in ("steps", "workers", "rounds", "jpegs"):
     if getattr(args, name) < 1:
       raise UserError(f"--{name}={getattr(args, name)}: give a number above 0")
-  unknown = set(filter(None, args.variants.split(","))) - set(form_variants())
-  if unknown:
+  args.variants = [v for v in args.variants.split(",") if v] or list(form_variants())
+  if unknown := sorted(set(args.variants) - set(form_variants())):
     raise UserError(
-      f"--variants: no variant {', '.join(map(repr, sorted(unknown)))}; there are "
+      f"--variants: no variant {', '.join(map(repr, unknown))}; there are "
       f"{', '.join(map(repr, form_variants()))}"
     )
-  for spec in filter(None, args.configs.split(",")):
+  args.configs = [c for c in args.configs.split(",") if c] or list(FORM_CONFIGS)
+  for spec in args.configs:
     configuration.load(spec)  # a UserError names what is wrong with it
-  if Path(args.workdir).exists() and not Path(args.workdir).is_dir():
-    raise UserError(f"--workdir={args.workdir} is a file; give a directory")
+  workdir_lib.check_writable(Path(args.workdir))
 
 
 def _print(results: dict) -> None:

@@ -380,12 +380,13 @@ def _train(args: list[str], workdir: Path, budget_end: float) -> bool:
   """Runs `./launch.sh ARGS --workdir=WORKDIR` as a child, stopped at the budget's end (it
   checkpoints). True if it ran to the end: a run preempted by anyone exits 0 as well, so its
   log must end with the final eval, the one record that carries `train_sec`. A run that fails
-  is a UserError: a rerun would fail the same way."""
+  or is killed is a UserError: a rerun would most likely end the same way."""
   command = [sys.executable, "-m", "research.main", f"--config={args[0]}", *args[1:]]
   code = run_child([*command, f"--workdir={workdir}"], timeout=max(1.0, budget_end - time.time()))
   if code not in (0, None):
+    how = f"was killed by signal {-code}" if code < 0 else f"failed (exit code {code})"
     raise UserError(
-      f"the training run failed (exit code {code}; its message is above): "
+      f"the training run {how}; what it printed is above: "
       f"./launch.sh {shlex.join(args)} --workdir={workdir}"
     )
   return code == 0 and "train_sec" in (_metrics(workdir) or [{}])[-1]

@@ -242,40 +242,42 @@ def run(args) -> int:
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   scale, device, todo, data = _prepare(args)
   workdirs = Path(args.workdir) / measure.machine_of(device)
-  for part in PARTS:
-    pending = [m for m in todo if m.part == part]
-    if not pending:
-      continue
-    budget_end = time.time() + args.budget
-    if part == "peer":
-      try:
-        import torch  # noqa: F401
-      except ImportError:
-        print("peer: skipped, torch does not import here", flush=True)
+  try:  # the tables follow the records written, even when a measurement fails
+    for part in PARTS:
+      pending = [m for m in todo if m.part == part]
+      if not pending:
         continue
-    for i, m in enumerate(pending):
-      if i and time.time() > budget_end:
-        print(f"{part}: budget spent; run the report again for the rest", flush=True)
-        break
-      print(f"{part} {m.name}: {m.label}, {m.dtype} ...", flush=True)
-      workdir = workdirs / f"{part}-{m.name}"
-      if part == "throughput":
-        records = measure.throughput(m, device)
-      elif m.peer == "airbench":
-        if skipped := _airbench_missing(Path(args.airbench)):
-          print(f"peer {m.name}: skipped, {skipped}", flush=True)
+      budget_end = time.time() + args.budget
+      if part == "peer":
+        try:
+          import torch  # noqa: F401
+        except ImportError:
+          print("peer: skipped, torch does not import here", flush=True)
           continue
-        records = measure.airbench(m, device, workdir, budget_end, data, Path(args.airbench))
-      elif part == "peer":
-        records = measure.peer(m, device, measure.peer_speed(m))
-      elif part == "streamed":
-        records = measure.streamed(m, device, workdir, budget_end, scale)
-      else:
-        records = measure.main_run(m, device, workdir, budget_end, data)
-      for record in records:
-        print(f"  wrote {results.write(record, args.results)}", flush=True)
-  if Path(args.results).resolve() == results.RESULTS.resolve():
-    render()
+      for i, m in enumerate(pending):
+        if i and time.time() > budget_end:
+          print(f"{part}: budget spent; run the report again for the rest", flush=True)
+          break
+        print(f"{part} {m.name}: {m.label}, {m.dtype} ...", flush=True)
+        workdir = workdirs / f"{part}-{m.name}"
+        if part == "throughput":
+          records = measure.throughput(m, device)
+        elif m.peer == "airbench":
+          if skipped := _airbench_missing(Path(args.airbench)):
+            print(f"peer {m.name}: skipped, {skipped}", flush=True)
+            continue
+          records = measure.airbench(m, device, workdir, budget_end, data, Path(args.airbench))
+        elif part == "peer":
+          records = measure.peer(m, device, measure.peer_speed(m))
+        elif part == "streamed":
+          records = measure.streamed(m, device, workdir, budget_end, scale)
+        else:
+          records = measure.main_run(m, device, workdir, budget_end, data)
+        for record in records:
+          print(f"  wrote {results.write(record, args.results)}", flush=True)
+  finally:
+    if Path(args.results).resolve() == results.RESULTS.resolve():
+      render()
   return 0
 
 

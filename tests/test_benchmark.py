@@ -19,14 +19,17 @@ def test_host_augmented_batches_from_worker_processes_train_the_step():
     (["--only=train", "--steps=0"], "--steps=0: give a number above 0"),
     (["--only=decode", "--jpegs=0"], "--jpegs=0: give a number above 0"),
     (["--only=forms", "--variants=all,bogus"], "--variants: no variant 'bogus'; there are 'all', "),
-    (["--only=forms", "--configs=configs/nope.py"], "config file configs/nope.py not found"),
+    (["--only=forms", "--configs=configs/nope.py,"], "config file configs/nope.py not found"),
+    (["--only=decode", "--workdir=/etc/passwd/x"], "--workdir=/etc/passwd/x is inside /etc/passwd"),
   ],
 )
 def test_bad_arguments_are_one_error_line_before_anything_runs(
   args, message, tmp_path, monkeypatch, capsys
 ):
   workdir = tmp_path / "bench"
-  monkeypatch.setattr(sys, "argv", ["benchmark", *args, f"--workdir={workdir}"])
+  # --system-malloc: this pytest process's allocator stays as it is
+  argv = ["benchmark", f"--workdir={workdir}", *args, "--system-malloc"]  # args win
+  monkeypatch.setattr(sys, "argv", argv)
   with pytest.raises(SystemExit) as exit:
     benchmark.main()
   assert exit.value.code == EXIT_USER_ERROR

@@ -178,6 +178,7 @@ def test_a_checkpoint_that_does_not_fit_on_the_disk_is_a_disk_full_error(tmp_pat
     text=True,
     timeout=120,
   )
+  assert result.returncode == 0, result.stderr[-3000:]
   checked, written = result.stdout.splitlines()
   assert checked == (
     f"checked: {errno.ENOSPC} No space left on device: the checkpoint at step 1 takes about "

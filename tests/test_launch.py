@@ -157,6 +157,9 @@ def test_a_wheelhouse_for_another_python_installs_without_an_index(tmp_path):
 def test_help_is_the_usage_and_no_arguments_is_the_usage_with_an_error_code(args, code, tmp_path):
   result = _launch(args, tmp_path)
   assert result.returncode == code
+  assert result.stderr == (
+    "" if code == 0 else "error: give a config to train or a command (the usage is below)\n"
+  )
   assert (
     result.stdout.startswith("./launch.sh CONFIG[:variant]") and "./launch.sh test" in result.stdout
   )

@@ -312,3 +312,13 @@ def test_tensorboard_has_scalars_and_the_augmented_batch_image(tmp_path):
   image = tags["augmented_batch"].image
   assert image.width > 32 and image.height > 32 and image.encoded_image_string[:4] == b"\x89PNG"
   assert (tmp_path / "augmented_batch.png").stat().st_size > 1000
+
+
+def test_the_newest_checkpoint_kept_is_named_or_none_is(tmp_path):
+  ckpts = checkpoint.Checkpoints(tmp_path, _smoke_config())
+  assert ckpts.kept() == "no checkpoint had been written"
+  for step in (2, 4):
+    ckpts.save(step, {"w": np.full(4, step, np.float32)})
+  ckpts.manager.wait_until_finished()
+  assert ckpts.kept() == f"the last good checkpoint, of step 4, is kept in {tmp_path}/checkpoints"
+  ckpts.close()

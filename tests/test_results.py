@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -191,9 +192,10 @@ def test_a_run_preempted_by_someone_else_is_not_recorded_as_finished(tmp_path, m
 
 def test_a_run_that_fails_stops_the_report_with_an_error(tmp_path, monkeypatch):
   """A bad data folder, say: the run has printed its own error line; a rerun would fail too."""
-  monkeypatch.setattr(measure, "run_child", lambda *a, **k: EXIT_USER_ERROR)
-  with pytest.raises(UserError, match=r"the training run failed \(exit code 2; its message is"):
-    measure._train(["configs/cifar_vgg.py:smoke"], tmp_path, budget_end=0)
+  for code, how in ((EXIT_USER_ERROR, "failed (exit code 2)"), (-9, "was killed by signal 9")):
+    monkeypatch.setattr(measure, "run_child", lambda *a, code=code, **k: code)
+    with pytest.raises(UserError, match=re.escape(f"the training run {how}; what it printed")):
+      measure._train(["configs/cifar_vgg.py:smoke"], tmp_path, budget_end=0)
 
 
 @pytest.mark.parametrize("budget", ["0", "-5"])

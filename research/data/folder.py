@@ -98,13 +98,12 @@ def scan(data_dir: str, skip_bad: bool = False) -> Folder:
     raise UserError(f"dataset=folder needs --config.data_dir=DIR with {layout}")
   root = Path(data_dir).expanduser()
   if not (root / "train").is_dir():
-    what = (
-      "does not exist"
-      if not root.exists()
-      else "is a file, not a directory (extract an archive first)"
-      if not root.is_dir()
-      else "has no train/ directory"
-    )
+    if not root.exists():
+      what = "does not exist"
+    elif not root.is_dir():
+      what = "is a file, not a directory (extract an archive first)"
+    else:
+      what = "has no train/ directory"
     raise UserError(f"data_dir={data_dir} {what}; an image folder is {layout}")
   classes = _class_dirs(root / "train")
   if not classes:

@@ -136,11 +136,13 @@ def _unlink_consumed() -> None:
   dropped, on a thread of its own. What that thread has not done when the run exits is left to
   multiprocessing's resource tracker, which warns of "leaked shared_memory objects": at exit,
   later drops unlink at once and the thread finishes its queue first."""
-  pending = SharedMemoryArray._del_thread_pool  # private: grain has no public way to wait
-  SharedMemoryArray._disable_async_del()
+  # Private names (grain has no public way to wait): if a grain release renames them, the
+  # warning comes back and nothing else changes.
+  pending = getattr(SharedMemoryArray, "_del_thread_pool", None)
+  getattr(SharedMemoryArray, "_disable_async_del", lambda: None)()
   if pending is not None:
     pending.close()
-    pending.join()
+    pending.join()  # queued unlinks finish; each task's semaphore release then fails, unseen
 
 
 atexit.register(_unlink_consumed)
