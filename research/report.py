@@ -207,9 +207,14 @@ def _prepare(args):
     others = [o for o in ("gpu", "cpu") if o != scale]
     elsewhere = [o for o in others if any(map(named, plan(o, cores)))]
     where = f"; it is in the {elsewhere[0]} plan (--scale={elsewhere[0]})" if elsewhere else ""
+    part = args.only.split(":")[0]
+    names = [f"{m.part}:{m.name}" for m in plan(scale, cores) if m.part == part]
+    if names:
+      choices = f"{part}'s measurements: {', '.join(names)}"
+    else:
+      choices = f"parts: {', '.join(PARTS)}"
     raise UserError(
-      f"--only={args.only} names no measurement of the {scale} plan{where}; "
-      f"parts: {', '.join(PARTS)}"
+      f"--only={args.only} names no measurement of the {scale} plan{where}; {choices}"
     )
   trains = lambda m: m.part == "main" or m.peer == "airbench"  # on the real CIFAR-10
   data = image_folder(args.data) if any(map(trains, chosen)) else None

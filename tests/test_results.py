@@ -208,6 +208,16 @@ def test_a_budget_of_no_time_is_an_error(budget, monkeypatch, capsys, tmp_path):
   assert not any(tmp_path.iterdir())
 
 
+def test_a_measurement_name_not_in_the_plan_lists_the_part_s_names(monkeypatch, capsys, tmp_path):
+  argv = ["report", "--only=main:bogus", "--scale=tiny", f"--workdir={tmp_path}"]
+  monkeypatch.setattr(sys, "argv", argv)
+  assert report.main() == EXIT_USER_ERROR
+  error = capsys.readouterr().err
+  assert error.endswith(
+    "names no measurement of the tiny plan; main's measurements: main:vgg_smoke\n"
+  )
+
+
 def test_a_tiny_report_records_beside_its_runs_not_in_the_readme_s_results(
   monkeypatch, capsys, tmp_path
 ):
