@@ -19,7 +19,6 @@ import orbax.checkpoint as ocp
 from flax import serialization, traverse_util
 from jax.experimental import multihost_utils
 
-from research import workdir as workdir_lib
 from research.errors import UserError
 
 
@@ -142,8 +141,7 @@ class Checkpoints:
     except OSError as e:  # maybe on this process only: orbax writes some arrays on process 0
       failed = e
     needed = sum(x.nbytes for x in jax.tree.leaves(state))  # about its size on disk
-    # Process 0 makes the directory: another process may look before it is there.
-    free = shutil.disk_usage(workdir_lib.nearest_existing(self.directory)).free
+    free = shutil.disk_usage(self.directory).free  # made by orbax at init, on every process
     seen = np.array([failed is not None, -free], np.float32)  # what allgather carries
     if jax.process_count() > 1:  # all processes stop together, or none does
       seen = multihost_utils.process_allgather(seen).max(axis=0)

@@ -28,16 +28,13 @@ RESUMABLE_FIELDS = {
 }
 
 
-def nearest_existing(path: Path) -> Path:
-  """`path`, or the closest of its parents that exists."""
-  return next(p for p in (path, *path.parents) if p.exists())
-
-
 def check_writable(workdir: Path) -> None:
   """A user error unless `workdir` is a directory this process can write in, or can be made
   one; checked before any data is loaded, and nothing is written to check it."""
   workdir = Path(workdir).absolute()
-  existing = nearest_existing(workdir)  # the directory a new workdir would be made in
+  existing = workdir
+  while not existing.exists():  # the directory the new workdir would be made in
+    existing = existing.parent
   if not existing.is_dir():
     what = "is a file" if existing == workdir else f"is inside {existing}, which is a file"
     raise UserError(f"--workdir={workdir} {what}; give a directory (existing or new)")
