@@ -118,9 +118,14 @@ NAMESPACES = pytest.mark.skipif(
 )
 
 
-def _run_on_tmpfs(mount_point, options: str, *args):
+def _on_tmpfs(mount_point, options: str) -> list[str]:
+  """A command that mounts a tmpfs (mount `options`) on `mount_point`, then execs the rest."""
   script = f'mount -t tmpfs -o {options} none "{mount_point}" && exec "$@"'
-  return _run(["--config", SMOKE, *args], mount_point, ["unshare", "-rm", "sh", "-c", script, "sh"])
+  return ["unshare", "-rm", "sh", "-c", script, "sh"]
+
+
+def _run_on_tmpfs(mount_point, options: str, *args):
+  return _run(["--config", SMOKE, *args], mount_point, _on_tmpfs(mount_point, options))
 
 
 @NAMESPACES
@@ -170,10 +175,9 @@ except OSError as e:
 
 @NAMESPACES
 def test_a_checkpoint_that_does_not_fit_on_the_disk_is_a_disk_full_error(tmp_path):
-  script = f'mount -t tmpfs -o size=1m none "{tmp_path}" && exec "$@"'
   command = [sys.executable, "-c", CHECKPOINT_ON_A_FULL_DISK, str(tmp_path / "run")]
   result = subprocess.run(
-    ["unshare", "-rm", "sh", "-c", script, "sh", *command],
+    [*_on_tmpfs(tmp_path, "size=1m"), *command],
     capture_output=True,
     text=True,
     timeout=120,
