@@ -14,7 +14,6 @@ STREAMED = ("imagenet2012", "imagenette")  # tfds array_record, research/data/st
 DATASETS = (*IN_MEMORY, *STREAMED, "folder")  # folder: resident or streamed (data_placement)
 PLACEMENTS = ("auto", "resident", "streamed")
 CLASSES = {"cifar10": 10, "imagenet2012": 1000, "imagenette": 10}  # a folder's: its directories
-SYNTHETIC_CLASSES = 10  # or the model's, if fewer
 
 # Where downloaded archives and decoded image folders are kept.
 CACHE = Path(os.environ.get("RESEARCH_DATA_CACHE", Path.home() / ".cache" / "research"))

@@ -2,7 +2,7 @@
 
 import ml_collections
 
-from research.data import IN_MEMORY, SYNTHETIC_CLASSES, ImageDataset, cifar10, synthetic
+from research.data import IN_MEMORY, ImageDataset, cifar10, synthetic
 from research.errors import UserError
 
 
@@ -10,7 +10,7 @@ def _synthetic(config, train_size, test_size, fallback_reason=""):
   return synthetic.make(
     train_size,
     test_size,
-    num_classes=min(config.model.num_classes, SYNTHETIC_CLASSES),  # labels the model has
+    num_classes=min(config.model.num_classes, synthetic.CLASSES),  # labels the model has
     image_size=config.synthetic_image_size,
     noise=config.synthetic_noise,
     seed=config.seed,

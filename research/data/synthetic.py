@@ -10,6 +10,8 @@ import numpy as np
 
 from research.data import ImageDataset
 
+CLASSES = 10  # at most: a model with fewer outputs gets as many
+
 
 def _templates(rng: np.random.Generator, num_classes: int, size: int, channels: int):
   coarse = rng.normal(size=(num_classes, 4, 4, channels))
@@ -32,7 +34,7 @@ def make(
   *,
   image_size: int = 32,
   channels: int = 3,
-  num_classes: int = 10,
+  num_classes: int = CLASSES,
   noise: float = 0.6,
   seed: int = 0,
   fallback_reason: str = "",
