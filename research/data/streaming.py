@@ -27,7 +27,7 @@ from grain.multiprocessing import SharedMemoryArray
 from PIL import Image
 
 from research import environment, host_workers
-from research.data import check_num_classes, fingerprint, folder
+from research.data import fingerprint, folder
 from research.errors import UserError
 
 EVAL_SPLIT = {"imagenet2012": "validation", "imagenette": "validation"}
@@ -80,22 +80,23 @@ class TfdsImages:
     return dict(folder.pad_to_square(image, self.size), label=np.int32(record["label"]), skipped=0)
 
 
-def sources(config, scanned: folder.Folder | None = None) -> tuple:
-  """(train, eval) sources of host-size images, a description and a fingerprint of the data.
+def sources(config, scanned: folder.Folder | None) -> tuple:
+  """(train, eval) sources of host-size images, a description and a fingerprint of the data;
+  `scanned`: the image folder, scanned and checked by research/inputs.py (None for tfds).
 
   The fingerprint covers the file list and labels (folder) or the prepared version and sizes
   (tfds), not the pixels: reading every file to resume would take as long as an epoch.
   """
   size = config.host_image_size
   if config.dataset == "folder":
-    data = scanned or folder.scan(config.data_dir, config.skip_bad_images)
-    check_num_classes(str(data.root), len(data.classes), config.model.num_classes)
     train, test = (
-      folder.FileImages(data.root, split, size, config.skip_bad_images)
-      for split in (data.train, data.eval)
+      folder.FileImages(scanned.root, split, size, config.skip_bad_images)
+      for split in (scanned.train, scanned.eval)
     )
-    description = f"folder:{data.root} ({len(train)} train, {len(test)} {data.eval.name})"
-    content = fingerprint(data.train.paths, data.train.labels, data.eval.paths, data.eval.labels)
+    description = f"folder:{scanned.root} ({len(train)} train, {len(test)} {scanned.eval.name})"
+    content = fingerprint(
+      scanned.train.paths, scanned.train.labels, scanned.eval.paths, scanned.eval.labels
+    )
     return train, test, description, content
   train = open_source(config.dataset, "train", config.data_dir)
   test = open_source(config.dataset, EVAL_SPLIT[config.dataset], config.data_dir)
