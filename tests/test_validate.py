@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from research import configuration, inputs, main, validate
+from research.data.load import load_in_memory
 from research.errors import UserError
 from research.train import setup, train_and_evaluate
 
@@ -198,3 +199,15 @@ def test_a_workdir_that_is_a_file_is_an_error_before_the_data_is_loaded(
   with pytest.raises(UserError, match=message):
     main.run(["--config", SMOKE, f"--workdir={workdir}"])
   assert not loaded
+
+
+@pytest.mark.parametrize("num_classes, classes", [(3, 3), (1000, 10)])
+def test_synthetic_data_has_ten_classes_or_the_model_s_if_fewer(num_classes, classes):
+  """Inception's `:synthetic` has a 1000-way model: its data keeps 10 classes (each one a
+  full-size template in memory), all of them labels the model has."""
+  config = configuration.load(SMOKE)
+  config.model.num_classes = num_classes
+  config.update(synthetic_train_size=64, synthetic_test_size=16)
+  data = load_in_memory(config)
+  assert data.num_classes == classes
+  assert set(data.train_labels) | set(data.test_labels) == set(range(classes))
