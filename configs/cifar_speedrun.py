@@ -47,7 +47,7 @@ def get_config(arg=None):
     num_classes=10,
     widths=(64, 256, 256),  # channels of the three conv groups
     whiten_eps=5e-4,  # added to the patch covariance's eigenvalues
-    init_examples=5000,  # training images the whitening filters are computed from
+    init_examples=5000,  # training images (a random sample) the whitening is computed from
     dtype="float32",  # "bfloat16" on GPUs: compute only; params and BatchNorm stats stay float32
   )
   c.batch_size, c.eval_batch_size = BATCH, 2000

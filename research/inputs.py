@@ -2,9 +2,10 @@
 examples from them, and eval over the whole test split.
 
 Two kinds, one interface (`Inputs`):
-  - resident (CIFAR-sized): the whole split lives on the devices as uint8; each step gathers
-    its examples on device by the epoch's order, so the host hands over the same shard every
-    step, with that order (computed once per epoch, while the epoch before trains).
+  - resident (CIFAR-sized): the whole split lives on the devices as uint8, each device holding
+    a random part of it; each step gathers its examples on device by the epoch's order, so the
+    host hands over the same shard every step, with that order (computed once per epoch, while
+    the epoch before trains).
   - streamed (ImageNet-sized): host workers decode fixed-size uint8 batches
     (research/data/streaming.py) that are prefetched to the devices while the step before runs.
 The sources in research/data/ yield host arrays; this module is the device side of both.
@@ -42,7 +43,8 @@ class Inputs:
   gather: Callable
   # (replicated state, all_views) -> eval totals on the host; all_views=False: the first view
   evaluate: Callable[[object, bool], dict]
-  first_images: Callable[[int], np.ndarray] | None = None  # n -> the first n train images, uint8
+  # n -> n training images, uint8: a random sample fixed by the seed, the same every call
+  first_images: Callable[[int], np.ndarray] | None = None
   skipped_images: Callable[[], int] = lambda: 0  # undecodable files skipped so far
 
 
@@ -92,16 +94,28 @@ def check_shard(config, n_examples: int, n_devices: int, per_device_batch: int) 
 # --- resident: the whole split on the devices -------------------------------------------------
 
 
-def epoch_order(epoch, *, shuffle_key, shard_size: int):
-  """Epoch `epoch`'s order of the local shard: a permutation, the same on every device."""
-  return jax.random.permutation(jax.random.fold_in(shuffle_key, epoch), shard_size)
+def shard_rows(seed: int, n_examples: int) -> np.ndarray:
+  """The training split's order as the devices' shards take it: a permutation fixed by the
+  seed, so each shard is a random part of the split (an image folder lists its classes one
+  after another, and consecutive slices would give each device one or two classes)."""
+  return np.random.default_rng(seed).permutation(n_examples)
+
+
+def epoch_orders(epoch, *, shuffle_key, shard_size: int, devices):
+  """Epoch `epoch`'s order of each shard of `devices` (indices among all devices):
+  [len(devices), shard_size], a permutation of its own per device and epoch, so the examples
+  that share a step change from one epoch to the next."""
+  key = jax.random.fold_in(shuffle_key, epoch)
+  permutation = lambda d: jax.random.permutation(jax.random.fold_in(key, d), shard_size)
+  return jax.vmap(permutation)(devices)
 
 
 def resident_gather(step, batch, *, step_key, per_device_batch: int):
   """Step `step`'s examples, gathered on this device from its resident shard (never leaving it).
 
-  batch: ((images_u8 [shard_size, H, W, C], labels [shard_size]), the epoch's `epoch_order`).
-  Each example's id is its index in the whole training split.
+  batch: ((images_u8 [shard_size, H, W, C], labels [shard_size]), this device's row of the
+  epoch's `epoch_orders`). Each example's id is its index in the split as `shard_rows` orders
+  it: the same example has the same id in every epoch.
   """
   (images_u8, labels), order = batch
   shard_size = order.shape[0]
@@ -113,7 +127,7 @@ def resident_gather(step, batch, *, step_key, per_device_batch: int):
     labels[idx],
     jax.random.fold_in(step_key, step),
     epoch=step // steps_per_epoch,
-    ids=lax.axis_index(AXIS) * shard_size + idx,  # shards are consecutive slices of the split
+    ids=lax.axis_index(AXIS) * shard_size + idx,  # shard d holds rows d * shard_size, ...
   )
 
 
@@ -135,11 +149,17 @@ def resident(
   config, data: ImageDataset, per_device_batch: int, preprocess, shuffle_key, step_key
 ) -> Inputs:
   """Uploads `data` once, sharded over all devices; every step gathers its batch on device."""
-  n_devices = jax.device_count()
+  n_devices, n_local = jax.device_count(), jax.local_device_count()
   shard_size = check_shard(config, len(data.train_labels), n_devices, per_device_batch)
-  train_shard = upload_shards((data.train_images, data.train_labels), shard_size)
+  rows = shard_rows(config.seed, len(data.train_labels))
+  train_shard = upload_shards((data.train_images, data.train_labels), shard_size, rows)
   steps_per_epoch = shard_size // per_device_batch
-  order_of = jax.jit(functools.partial(epoch_order, shuffle_key=shuffle_key, shard_size=shard_size))
+  local_devices = jax.process_index() * n_local + np.arange(n_local)
+  order_of = jax.jit(
+    functools.partial(
+      epoch_orders, shuffle_key=shuffle_key, shard_size=shard_size, devices=local_devices
+    )
+  )
 
   def batches(start_step):
     """(the shard, its epoch's order) for steps start_step, start_step + 1, ...: the same
@@ -148,7 +168,7 @@ def resident(
     next_order = order_of(start_step // steps_per_epoch)
     for step in itertools.count(start_step):
       if step == start_step or step % steps_per_epoch == 0:
-        order = replicate(np.asarray(next_order))  # [devices, shard_size] int32
+        order = to_devices(np.asarray(next_order))  # [local devices, shard_size] int32
         next_order = order_of(step // steps_per_epoch + 1)  # dispatched, not awaited
       yield train_shard, order
 
@@ -174,7 +194,7 @@ def resident(
     batches=batches,
     gather=functools.partial(resident_gather, step_key=step_key, per_device_batch=per_device_batch),
     evaluate=lambda rstate, all_views=True: first_replica(p_evals[all_views](rstate, test_shard)),
-    first_images=lambda n: data.train_images[:n],
+    first_images=lambda n: data.train_images[rows[:n]],
     skipped_images=lambda: len(data.skipped_files),
   )
 

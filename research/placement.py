@@ -17,11 +17,16 @@ def to_devices(local, devices=None):
   return jax.make_array_from_process_local_data(sharding, np.ascontiguousarray(local))
 
 
-def upload_shards(arrays, per_device: int):
-  """Puts this process's blocks of `arrays` on its devices: [devices, per_device, ...]."""
+def upload_shards(arrays, per_device: int, rows=None):
+  """Puts this process's blocks of `arrays` on its devices: [devices, per_device, ...].
+
+  Device d (of all processes') holds rows d * per_device, ... of the arrays as `rows` (an
+  index array) orders them; None keeps their order.
+  """
   n_local = jax.local_device_count()
   start = jax.process_index() * n_local * per_device
-  blocks = (a[start : start + n_local * per_device] for a in arrays)
+  take = slice(start, start + n_local * per_device)
+  blocks = (a[take] if rows is None else a[rows[take]] for a in arrays)
   return tuple(to_devices(b.reshape(n_local, per_device, *b.shape[1:])) for b in blocks)
 
 

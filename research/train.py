@@ -104,9 +104,9 @@ def setup(config: ml_collections.ConfigDict) -> Training:
 
 
 def _from_data(config, inputs: Inputs, preprocess) -> Callable:
-  """state -> state with the parameters the model computes from the first
-  `model.init_examples` training images, as the eval shows them to the model (once, on the
-  host, before the first step; a resumed run has them in its checkpoint)."""
+  """state -> state with the parameters the model computes from `model.init_examples`
+  training images (a random sample, fixed by the seed), as the eval shows them to the model
+  (once, on the host, before the first step; a resumed run has them in its checkpoint)."""
   init_from_data = models.init_from_data(config.model)
   if init_from_data is None:
     return lambda state: state

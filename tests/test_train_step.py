@@ -1,6 +1,7 @@
 """The core invariant: N devices with global batch B take the same step as 1 device with B."""
 
 import functools
+import itertools
 
 import flax.linen
 import jax
@@ -111,6 +112,7 @@ def test_params_changed_and_replicas_agree(batch):
 def test_resident_batches_take_each_example_once_per_epoch_in_a_new_order():
   labels = np.arange(48, dtype=np.int32)  # 6 per device: 3 steps of 2 per epoch
   images = np.zeros((48, 4, 4, 3), np.uint8)
+  images[:, 0, 0, 0] = labels  # each image shows its own label
   data = ImageDataset("synthetic", "test", images, labels, images[:8], labels[:8], 48)
   config = configuration.load("configs/cifar_keras_cnn.py:smoke")
   config.update(batch_size=16, eval_batch_size=8)
@@ -121,9 +123,19 @@ def test_resident_batches_take_each_example_once_per_epoch_in_a_new_order():
   stream = resident.batches(0)
   seen = [taken(step, next(stream)) for step in range(9)]  # [8 devices, 2] each
   epochs = [np.concatenate(seen[e * 3 : e * 3 + 3], axis=1) for e in range(3)]  # [8, 6]
-  for order in epochs:  # device d holds examples 6d .. 6d + 5
-    np.testing.assert_array_equal(np.sort(order, axis=1), labels.reshape(8, 6))
-  assert not np.array_equal(epochs[0], epochs[1]) and not np.array_equal(epochs[1], epochs[2])
+  shards = np.sort(epochs[0], axis=1)  # each device takes the examples it holds
+  np.testing.assert_array_equal(np.sort(shards, axis=None), labels)
+  for order in epochs[1:]:
+    np.testing.assert_array_equal(np.sort(order, axis=1), shards)
+  # As a folder lists its classes one after another (here class = label // 6), each device
+  # holds a random part of the split, and so does the sample the model may initialise from.
+  assert all(len(set(shard // 6)) > 2 for shard in shards)
+  assert len(set(resident.first_images(8)[:, 0, 0, 0] // 6)) > 2
+  np.testing.assert_array_equal(resident.first_images(8), resident.first_images(8))
+  # A new order every epoch, on each device its own: the examples that share a step change.
+  pairs = lambda order: set(zip(order[0], order[1], strict=True))  # devices 0 and 1, by slot
+  for before, after in itertools.pairwise(epochs):
+    assert not np.array_equal(before, after) and pairs(before) != pairs(after)
   resumed = resident.batches(4)  # a run resumed mid-epoch takes the same examples
   for step in range(4, 9):
     np.testing.assert_array_equal(taken(step, next(resumed)), seen[step])

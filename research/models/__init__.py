@@ -7,8 +7,9 @@ and returns logits [batch, num_classes] (Inception-v3 in training returns
 replicas; it is None outside pmap. `layers.py` holds the layers models share; it is no model.
 
 A model may also compute part of its initial parameters from training images: it then
-defines `init_from_data(model_config, params, images) -> params`, given the first
-`model_config.init_examples` training images as float32 [N, H, W, C], as the config's
+defines `init_from_data(model_config, params, images) -> params`, given
+`model_config.init_examples` training images (a random sample of the split, fixed by the
+config's seed) as float32 [N, H, W, C], as the config's
 eval_preprocess (its first view) shows them to the model. It runs once, on the host, before
 the first step; the result is in every checkpoint, so a resumed run does not redo it.
 """

@@ -9,8 +9,8 @@ their first `in` filters (Dirac), the rest as PyTorch initialises them; BatchNor
 (it stays 1), eps 1e-12, and its running averages keep 0.6 of themselves at each step.
 
 model_config fields: num_classes; widths (the three groups' channels); whiten_eps (added to
-the patch covariance's eigenvalues); init_examples (how many of the first training images
-the whitening is computed from); dtype ('float32' | 'bfloat16' compute: parameters and
+the patch covariance's eigenvalues); init_examples (from how many training images, a random
+sample, the whitening is computed); dtype ('float32' | 'bfloat16' compute: parameters and
 BatchNorm statistics stay float32, logits are float32).
 """
 
