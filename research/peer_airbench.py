@@ -26,15 +26,21 @@ import numpy as np
 
 def write_pixels(pixels: Path, directory: Path) -> None:
   """The images and labels of `pixels` (an .npz of train/test images and labels) as the
-  script's cifar10/train.pt and test.pt (uint8 NHWC images, int64 labels, class names)."""
+  script's cifar10/train.pt and test.pt (uint8 NHWC images, int64 labels, class names).
+
+  The training images go in a fixed random order: the script computes its whitening from its
+  first 5000, and an image folder lists its classes one after another (CIFAR-10's own files
+  mix them).
+  """
   import torch
 
   data = np.load(pixels)
   directory.mkdir(parents=True, exist_ok=True)
   classes = [str(c) for c in range(int(data["num_classes"]))]
-  for split in ("train", "test"):
-    images = torch.from_numpy(data[f"{split}_images"])
-    labels = torch.from_numpy(data[f"{split}_labels"].astype(np.int64))
+  mixed = np.random.default_rng(0).permutation(len(data["train_labels"]))
+  for split, rows in (("train", mixed), ("test", slice(None))):
+    images = torch.from_numpy(data[f"{split}_images"][rows])
+    labels = torch.from_numpy(data[f"{split}_labels"][rows].astype(np.int64))
     torch.save({"images": images, "labels": labels, "classes": classes}, directory / f"{split}.pt")
 
 
