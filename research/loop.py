@@ -67,7 +67,8 @@ class Progress:
   """A train record at log steps: one metrics fetch, the NaN check, the line and its notes."""
 
   def __init__(self, config, log, schedule, start_step: int, num_steps: int, echo, checkpoints):
-    self.config, self.log, self.schedule, self.echo = config, log, schedule, echo
+    self.config, self.log, self.echo = config, log, echo
+    self.schedule = jax.jit(schedule)  # one call per record, not one per jnp op in it
     self.start_step, self.num_steps = start_step, num_steps
     self.checkpoints = checkpoints  # named when training stops on NaN
     self.single_process = jax.process_count() == 1
@@ -85,7 +86,7 @@ class Progress:
     )
 
   def write(self, step: int, in_flight: list, clock: Clock) -> None:
-    fetched = [first_replica(m) for m in in_flight]  # blocks until these steps are done
+    fetched = first_replica(in_flight)  # one fetch; blocks until these steps are done
     training, input_wait = clock.close_interval()
     record = {
       "step": step,
@@ -100,9 +101,9 @@ class Progress:
       "elapsed_sec": clock.since_launch(),  # this launch, wall clock
       "eta_sec": (self.num_steps - step) * training / len(fetched),  # training only
     }
-    if not (np.isfinite(record["loss"]) and np.isfinite(record["grad_norm"])):
+    if not all(np.isfinite(record[k]) for k in ("loss", "grad_norm", "param_norm")):
       raise UserError(
-        f"loss or gradients became NaN/inf by step {step} (loss {record['loss']}); "
+        f"loss, gradients or parameters became NaN/inf by step {step} (loss {record['loss']}); "
         f"{self.checkpoints.kept()}; lower learning_rate or set grad_clip_norm"
       )
     self.log.train(record)

@@ -328,7 +328,7 @@ def train_and_evaluate(
         if preemption.stop_after(step):  # agreed by all processes: all save this step
           if in_flight:  # the steps since the last record are recorded first
             progress.write(step, in_flight, clock)
-          checkpoints.save(step, first_replica(rstate))
+          checkpoints.save(step, _finite_or_stop(first_replica(rstate), step, checkpoints))
           raise Preempted(step, preemption.interrupted)
         if step < num_steps:
           eval_and_checkpoint(step, rstate)

@@ -287,6 +287,20 @@ def test_divergence_stops_with_a_clear_error_and_keeps_good_checkpoints(tmp_path
   ckpts.close()
 
 
+def test_a_stop_signal_never_saves_parameters_that_are_not_finite(tmp_path, monkeypatch):
+  """The checkpoint a SIGTERM or Ctrl-C writes is checked as the periodic ones are: here the
+  parameters the stop would save are NaN (as after a last update that overflowed)."""
+  from research import preemption, train
+
+  monkeypatch.setattr(preemption.Preemption, "stop_after", lambda self, step: True)
+  fetch = train.first_replica
+  nan = lambda state: state.replace(params=jax.tree.map(lambda p: p * np.nan, state.params))
+  monkeypatch.setattr(train, "first_replica", lambda tree: nan(fetch(tree)))
+  with pytest.raises(UserError, match=r"NaN/inf by step 1; no checkpoint had been written"):
+    train_and_evaluate(_smoke_config(), str(tmp_path))
+  assert not any((tmp_path / "checkpoints").glob("*"))
+
+
 def _events(workdir):
   """Parses tensorboardX event files (TFRecord framing) back into Event protos."""
   for path in (Path(workdir) / "tensorboard").glob("events.out.tfevents.*"):
