@@ -8,7 +8,7 @@ from research.errors import UserError
 def training_defaults() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.experiment = "train"  # research.train; standalone experiments name their module instead
-  c.seed = 0  # parameters, data order and augmentation are all functions of (seed, step)
+  c.seed = 0  # parameters, data order and augmentation: functions of (seed, step, device count)
 
   # Data.
   c.dataset = "cifar10"  # "cifar10", "synthetic", "folder", "imagenet2012", "imagenette"
@@ -44,7 +44,7 @@ def training_defaults() -> ml_collections.ConfigDict:
   c.optimizer = "sgd"  # "sgd", "adam" or "rmsprop"
   c.learning_rate = 0.1  # peak, at the global batch lr_batch_size
   c.lr_batch_size = 256  # lr scales linearly with batch_size / lr_batch_size; 0 = no scaling
-  c.schedule = "cosine"  # "cosine", "constant", "inverse_time", "exponential"
+  c.schedule = "cosine"  # "cosine", "linear" (to zero), "constant", "inverse_time", "exponential"
   c.warmup_epochs = 0.0
   c.lr_decay = 0.0  # inverse_time: lr / (1 + lr_decay * step), Keras' legacy `decay`
   c.lr_decay_rate = 0.94  # exponential: multiply by this every lr_decay_epochs (staircase)
