@@ -217,7 +217,7 @@ def load_resident(folder: Folder, skip_bad: bool) -> ImageDataset:
       "pass --config.data_placement=streamed"
     )
   cache.parent.mkdir(parents=True, exist_ok=True)
-  partial = cache.with_suffix(".partial.npz")
+  partial = cache.with_suffix(f".{os.getpid()}.partial.npz")  # processes on one host race
   np.savez(
     partial,
     train_images=train_images,
@@ -226,7 +226,7 @@ def load_resident(folder: Folder, skip_bad: bool) -> ImageDataset:
     test_labels=test_labels,
     skipped=np.asarray(skipped + skipped_test, dtype=str),
   )
-  partial.rename(cache)  # a cache file is always complete
+  partial.replace(cache)  # a cache file is always complete; the last of equal ones stays
   return ImageDataset(
     "folder",
     source,
