@@ -7,7 +7,9 @@
 """
 
 import argparse
+import hashlib
 import importlib
+import json
 import os
 import shlex
 import sys
@@ -37,6 +39,7 @@ def start_distributed(args) -> None:
         "multi-process runs need --coordinator_address=HOST:PORT, --num_processes=N and "
         "--process_id=I together (or the JAX_* environment variables)"
       )
+    _check_distributed_flags(args)
     kwargs = dict(
       coordinator_address=args.coordinator_address,
       num_processes=args.num_processes,
@@ -50,6 +53,40 @@ def start_distributed(args) -> None:
     return
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   jax.distributed.initialize(**kwargs)
+
+
+def _check_distributed_flags(args) -> None:
+  host, _, port = args.coordinator_address.rpartition(":")
+  if not host or not port.isdigit() or not 0 < int(port) < 65536:
+    raise UserError(
+      f"--coordinator_address={args.coordinator_address!r} is not HOST:PORT (a port of 1 to "
+      "65535 that process 0's host can listen on, e.g. 10.0.0.1:12345)"
+    )
+  if args.num_processes < 1 or not 0 <= args.process_id < args.num_processes:
+    raise UserError(
+      f"--process_id={args.process_id} with --num_processes={args.num_processes}: each "
+      "process needs its own id from 0 to num_processes - 1"
+    )
+
+
+def check_processes_agree(config) -> None:
+  """Every process of a run must have the same config: a user error where they do not.
+  data_dir may differ (a copy on each host); research/train.py compares the data itself."""
+  import jax
+  import numpy as np
+  from jax.experimental import multihost_utils
+
+  if jax.process_count() == 1:
+    return
+  fields = {k: v for k, v in json.loads(config.to_json()).items() if k != "data_dir"}
+  digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).digest()
+  digests = multihost_utils.process_allgather(np.frombuffer(digest[:4], np.int32)[0])
+  if len(set(digests.tolist())) > 1:
+    raise UserError(
+      f"the processes of this run were given different configs (process "
+      f"{jax.process_index()} of {jax.process_count()}); start each with the same command, "
+      "only --process_id differing"
+    )
 
 
 def parse_args(argv: list[str]):
@@ -93,6 +130,7 @@ def run(argv: list[str]) -> int:
   if config.get("keep_freed_host_memory", True):
     host_memory.keep_freed_memory()  # before JAX starts its threads
   start_distributed(args)
+  check_processes_agree(config)
   import jax
 
   if jax.process_count() > 1 and not args.workdir:
@@ -134,6 +172,9 @@ def _run_in(workdir: Path, config, args, overrides) -> int:
     except Preempted as e:
       rerun = [args.config, f"--workdir={workdir}", *(f"--config.{f}={v}" for f, v in overrides)]
       rerun += ["--allow_config_change"] if args.allow_config_change else []
+      if args.num_processes:  # each process prints its own command
+        rerun += [f"--coordinator_address={args.coordinator_address}"]
+        rerun += [f"--num_processes={args.num_processes}", f"--process_id={args.process_id}"]
       print(f"{e}; checkpoint written. To resume, run:\n  ./launch.sh {shlex.join(rerun)}")
       return e.exit_code
     return 0

@@ -11,8 +11,10 @@ import time
 
 import jax
 import numpy as np
+import pytest
 
-from research import checkpoint, configuration, models, optim, scaling
+from research import checkpoint, configuration, main, models, optim, scaling
+from research.errors import UserError
 from research.steps import AXIS, create_train_state
 from research.train import train_and_evaluate
 
@@ -21,6 +23,23 @@ STEPS = 2  # the resumed pair's steps
 # Every run here: a log record (and an agreement on stopping) every 2 steps, and no periodic
 # checkpoints, only the stop's.
 SETTINGS = {"log_every_steps": 2, "checkpoint_every_steps": 0}
+
+
+@pytest.mark.parametrize(
+  "flags, message",
+  [
+    (["--coordinator_address=127.0.0.1", "--process_id=0"], "is not HOST:PORT"),
+    (["--coordinator_address=127.0.0.1:99999", "--process_id=0"], "is not HOST:PORT"),
+    (["--coordinator_address=127.0.0.1:1234", "--process_id=2"], "own id from 0 to"),
+    (["--coordinator_address=127.0.0.1:1234", "--process_id=-1"], "own id from 0 to"),
+    (["--coordinator_address=:1234", "--process_id=0"], "is not HOST:PORT"),
+    (["--process_id=0"], "need --coordinator_address=HOST:PORT, --num_processes=N and"),
+  ],
+)
+def test_bad_distributed_flags_are_user_errors_before_jax_distributed_starts(flags, message):
+  args, _ = main.parse_args(["--config", SMOKE, "--num_processes=2", *flags])
+  with pytest.raises(UserError, match=message):
+    main.start_distributed(args)
 
 
 def _free_port() -> int:
@@ -47,10 +66,10 @@ def _final_params(workdir, config):
   return state.params
 
 
-def _start_two(workdir, *overrides):
-  """Two processes of 4 CPU devices each, joined through jax.distributed (gloo). Their output
-  goes to files beside `workdir`: a pipe nobody reads until the end would stop a process that
-  fills it."""
+def _start_two(workdir, *overrides, second=()):
+  """Two processes of 4 CPU devices each, joined through jax.distributed (gloo); `second`:
+  arguments of process 1 only. Their output goes to files beside `workdir`: a pipe nobody
+  reads until the end would stop a process that fills it."""
   port = _free_port()
   env = scaling.env_for(4, "cpu")  # the suite's XLA flags, 4 devices
   command = [
@@ -68,7 +87,9 @@ def _start_two(workdir, *overrides):
   for i in range(2):
     with open(_log(workdir, i), "w") as log:
       processes.append(
-        subprocess.Popen([*command, f"--process_id={i}"], env=env, stdout=log, stderr=log)
+        subprocess.Popen(
+          [*command, f"--process_id={i}", *(second if i else ())], env=env, stdout=log, stderr=log
+        )
       )
   return processes
 
@@ -84,8 +105,8 @@ def _reap(processes) -> None:
     p.wait()
 
 
-def _finish_two(processes, workdir) -> list[str]:
-  """Each process's output, once both have exited with 0 (killed after 300 s)."""
+def _finish_two(processes, workdir, returncode=0) -> list[str]:
+  """Each process's output, once both have exited with `returncode` (killed after 300 s)."""
   try:
     for p in processes:
       p.wait(timeout=300)
@@ -93,7 +114,7 @@ def _finish_two(processes, workdir) -> list[str]:
     _reap(processes)  # even on timeout
   outputs = [_log(workdir, i).read_text() for i in range(2)]
   for p, output in zip(processes, outputs, strict=True):
-    assert p.returncode == 0, output[-3000:]
+    assert p.returncode == returncode, output[-3000:]
   return outputs
 
 
@@ -123,6 +144,8 @@ def test_sigterm_to_one_process_stops_both_and_the_resumed_pair_steps_as_one_pro
   assert stopped[0] == stopped[1] and stopped[0] % 2 == 0, stopped
   assert sorted(p.name for p in (two / "checkpoints").iterdir()) == [str(stopped[0])]
   assert "| 8 devices" in outputs[0] and "| 8 devices" not in outputs[1]  # process 0 prints
+  for i, output in enumerate(outputs):  # each process's resume command is its own
+    assert f"--num_processes=2 --process_id={i}\n" in output, output[-2000:]
 
   end = stopped[0] + STEPS
   shutil.copytree(two, one)
@@ -140,3 +163,11 @@ def test_sigterm_to_one_process_stops_both_and_the_resumed_pair_steps_as_one_pro
     strict=True,
   ):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_processes_given_different_configs_stop_before_anything_is_written(tmp_path):
+  workdir = tmp_path / "run"
+  outputs = _finish_two(_start_two(workdir, second=["--config.batch_size=32"]), workdir, 2)
+  for output in outputs:
+    assert "error: the processes of this run were given different configs" in output, output
+  assert not workdir.exists()
