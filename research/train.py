@@ -233,6 +233,11 @@ def train_and_evaluate(
   checkpoints = checkpoint.Checkpoints(workdir, config, echo=echo)
   state = checkpoints.restore_latest(training.state)  # one that does not fit: UserError
   start_step = int(state.step)
+  if start_step > num_steps:
+    raise UserError(
+      f"{workdir} holds a checkpoint of step {start_step}, past this run's {num_steps} steps; "
+      f"resume with num_train_steps >= {start_step}, or use a new --workdir"
+    )
   if not start_step:
     state = training.from_data(state)
   profiler = Profiler(config, workdir, start_step, echo)  # its window is checked here

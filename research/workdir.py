@@ -84,6 +84,11 @@ def check_resumable(workdir: Path, config: ml_collections.ConfigDict, allow_chan
   if not saved_path.exists():
     return
   saved, current = json.loads(saved_path.read_text()), json.loads(config.to_json())
+  if saved.get("experiment", current["experiment"]) != current["experiment"]:  # even allowed
+    raise UserError(
+      f"{workdir} holds a {saved['experiment']!r} experiment, not {current['experiment']!r}; "
+      "use a new --workdir"
+    )
   changed = sorted(
     k
     for k in saved.keys() | current.keys()

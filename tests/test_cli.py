@@ -101,6 +101,12 @@ def test_different_experiment_in_existing_workdir_is_refused(tmp_path, workdir):
   (workdir / "config.json").write_text('{"batch_size": 8, "model": {"name": "vgg"}}')
   line = _single_error_line(_run(["--config", SMOKE, f"--workdir={workdir}"], tmp_path))
   assert "different config" in line and "--allow_config_change" in line
+  (workdir / "config.json").write_text('{"experiment": "train", "model": {"name": "vgg"}}')
+  conv2d = ["--config", "configs/conv2d_scaling.py:smoke", f"--workdir={workdir}"]
+  line = _single_error_line(_run([*conv2d, "--allow_config_change"], tmp_path))
+  assert line.endswith("holds a 'train' experiment, not 'conv2d_scaling'; use a new --workdir")
+  assert sorted(p.name for p in workdir.iterdir()) == ["config.json", "metrics.jsonl"]
+  assert "conv2d" not in (workdir / "config.json").read_text()
 
 
 @pytest.mark.skipif(not os.access("/proc", os.W_OK), reason="/proc is not writable: not root")

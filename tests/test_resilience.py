@@ -224,6 +224,15 @@ def test_checkpoint_from_8_devices_restores_the_same_state_on_1(uninterrupted_wo
   assert restored_eval["eval_accuracy"] == saved_eval["eval_accuracy"]
 
 
+def test_resuming_with_fewer_steps_than_the_checkpoint_is_an_error(uninterrupted_workdir, tmp_path):
+  shutil.copytree(uninterrupted_workdir, tmp_path, dirs_exist_ok=True)
+  records = (tmp_path / "metrics.jsonl").read_text()
+  config = _smoke_config(num_train_steps=10, log_every_steps=1, checkpoint_every_steps=2)
+  with pytest.raises(UserError, match="checkpoint of step 14, past this run's 10 steps; resume"):
+    train_and_evaluate(config, str(tmp_path))
+  assert (tmp_path / "metrics.jsonl").read_text() == records  # no eval labelled step 10
+
+
 def _smoke_config(**overrides):
   config = configuration.load(SMOKE)
   config.update(overrides)
