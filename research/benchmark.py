@@ -45,7 +45,7 @@ from research import configuration, host_memory, host_workers
 from research import inputs as inputs_lib
 from research import workdir as workdir_lib
 from research.data import folder
-from research.errors import EXIT_USER_ERROR, UserError
+from research.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, UserError
 from research.models import layers
 from research.placement import replicate
 from research.steps import AXIS
@@ -317,7 +317,7 @@ def decode_speed(workdir: Path, count: int, host_sizes=(320, 160)) -> dict:
 def main() -> None:
   if "--system-malloc" not in sys.argv:
     host_memory.keep_freed_memory()  # before JAX starts its threads
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser = argparse.ArgumentParser(prog="launch.sh bench", description=__doc__.split("\n")[0])
   parser.add_argument("--small", action="store_true", help="smaller models, for CPUs")
   parser.add_argument("--steps", type=int, default=40, help="timed steps per measurement")
   parser.add_argument("--workers", type=int, default=os.cpu_count(), help="host aug. workers")
@@ -447,4 +447,12 @@ def _print(results: dict) -> None:
 
 
 if __name__ == "__main__":
-  main()
+  try:
+    main()
+  except KeyboardInterrupt:  # the numbers come at the end: an interrupted bench has none
+    print(
+      "\ninterrupted: no numbers (they are printed and written when all have run)",
+      file=sys.stderr,
+      flush=True,
+    )
+    os._exit(EXIT_INTERRUPTED)  # as research/main.py: no teardown under JAX's busy threads

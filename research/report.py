@@ -335,7 +335,7 @@ def expected_rows() -> list[dict]:
 
 def main() -> int:
   host_memory.keep_freed_memory()  # before JAX starts its threads
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser = argparse.ArgumentParser(prog="launch.sh report", description=__doc__.split("\n\n")[0])
   parser.add_argument("--only", default="", help="a part, or PART:NAME for one measurement")
   parser.add_argument("--data", default="", help="CIFAR-10 as an image folder or its .tar.gz")
   parser.add_argument("--budget", type=float, default=540.0, help="seconds per part")
