@@ -16,6 +16,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -217,16 +218,22 @@ def load_resident(folder: Folder, skip_bad: bool) -> ImageDataset:
       "pass --config.data_placement=streamed"
     )
   cache.parent.mkdir(parents=True, exist_ok=True)
-  partial = cache.with_suffix(f".{os.getpid()}.partial.npz")  # processes on one host race
-  np.savez(
-    partial,
-    train_images=train_images,
-    train_labels=train_labels,
-    test_images=test_images,
-    test_labels=test_labels,
-    skipped=np.asarray(skipped + skipped_test, dtype=str),
-  )
-  partial.replace(cache)  # a cache file is always complete; the last of equal ones stays
+  # A name of its own: processes on one host, or hosts sharing the cache, may decode at once.
+  fd, partial = tempfile.mkstemp(dir=cache.parent, prefix=f"{cache.stem}.", suffix=".partial")
+  try:
+    with os.fdopen(fd, "wb") as f:
+      np.savez(
+        f,
+        train_images=train_images,
+        train_labels=train_labels,
+        test_images=test_images,
+        test_labels=test_labels,
+        skipped=np.asarray(skipped + skipped_test, dtype=str),
+      )
+    os.replace(partial, cache)  # a cache file is always complete; the last of equal ones stays
+  except BaseException:  # Ctrl-C or a full disk: no partial file is left behind
+    Path(partial).unlink(missing_ok=True)
+    raise
   return ImageDataset(
     "folder",
     source,
