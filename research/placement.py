@@ -1,5 +1,7 @@
 """Moving arrays between the host and the pmapped devices, in one or many processes."""
 
+import gc
+
 import jax
 import numpy as np
 
@@ -27,7 +29,9 @@ def upload_shards(arrays, per_device: int, rows=None):
   start = jax.process_index() * n_local * per_device
   take = slice(start, start + n_local * per_device)
   blocks = (a[take] if rows is None else a[rows[take]] for a in arrays)
-  return tuple(to_devices(b.reshape(n_local, per_device, *b.shape[1:])) for b in blocks)
+  on_devices = tuple(to_devices(b.reshape(n_local, per_device, *b.shape[1:])) for b in blocks)
+  gc.collect()  # the host copies `rows` made (a whole split) are held in a reference cycle
+  return on_devices
 
 
 def pad_for_eval(images, labels, global_batch: int):
