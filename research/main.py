@@ -21,7 +21,10 @@ from research.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, UserError
 
 
 def _env_int(name: str) -> int | None:
-  return int(os.environ[name]) if os.environ.get(name) else None
+  value = os.environ.get(name)
+  if value and not value.lstrip("-").isdecimal():
+    raise UserError(f"{name}={value!r} is not a whole number")
+  return int(value) if value else None
 
 
 def start_distributed(args) -> None:
@@ -33,7 +36,7 @@ def start_distributed(args) -> None:
   """
   import jax
 
-  if args.coordinator_address or args.num_processes:
+  if any(x is not None for x in (args.coordinator_address, args.num_processes, args.process_id)):
     if args.num_processes is None or args.process_id is None or not args.coordinator_address:
       raise UserError(
         "multi-process runs need --coordinator_address=HOST:PORT, --num_processes=N and "
@@ -57,15 +60,18 @@ def start_distributed(args) -> None:
 
 def _check_distributed_flags(args) -> None:
   host, _, port = args.coordinator_address.rpartition(":")
-  if not host or not port.isdigit() or not 0 < int(port) < 65536:
+  ipv6_unbracketed = ":" in host and not (host.startswith("[") and host.endswith("]"))
+  if not host or ipv6_unbracketed or not port.isdecimal() or not 0 < int(port) < 65536:
     raise UserError(
-      f"--coordinator_address={args.coordinator_address!r} is not HOST:PORT (a port of 1 to "
-      "65535 that process 0's host can listen on, e.g. 10.0.0.1:12345)"
+      f"the coordinator address {args.coordinator_address!r} (--coordinator_address or "
+      "JAX_COORDINATOR_ADDRESS) is not HOST:PORT: a port of 1 to 65535 that process 0's host "
+      "can listen on, e.g. 10.0.0.1:12345 or [fd00::1]:12345"
     )
   if args.num_processes < 1 or not 0 <= args.process_id < args.num_processes:
     raise UserError(
-      f"--process_id={args.process_id} with --num_processes={args.num_processes}: each "
-      "process needs its own id from 0 to num_processes - 1"
+      f"process id {args.process_id} of {args.num_processes} processes (--process_id and "
+      "--num_processes, or JAX_PROCESS_ID and JAX_NUM_PROCESSES): each process needs its own "
+      "id from 0 to num_processes - 1"
     )
 
 

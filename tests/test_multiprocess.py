@@ -28,11 +28,13 @@ SETTINGS = {"log_every_steps": 2, "checkpoint_every_steps": 0}
 @pytest.mark.parametrize(
   "flags, message",
   [
-    (["--coordinator_address=127.0.0.1", "--process_id=0"], "is not HOST:PORT"),
+    (["--coordinator_address=127.0.0.1", "--process_id=0"], "'127.0.0.1' .* is not HOST:PORT"),
     (["--coordinator_address=127.0.0.1:99999", "--process_id=0"], "is not HOST:PORT"),
+    (["--coordinator_address=127.0.0.1:1²", "--process_id=0"], "is not HOST:PORT"),
+    (["--coordinator_address=::1", "--process_id=0"], "is not HOST:PORT"),
+    (["--coordinator_address=:1234", "--process_id=0"], "is not HOST:PORT"),
     (["--coordinator_address=127.0.0.1:1234", "--process_id=2"], "own id from 0 to"),
     (["--coordinator_address=127.0.0.1:1234", "--process_id=-1"], "own id from 0 to"),
-    (["--coordinator_address=:1234", "--process_id=0"], "is not HOST:PORT"),
     (["--process_id=0"], "need --coordinator_address=HOST:PORT, --num_processes=N and"),
   ],
 )
@@ -40,6 +42,25 @@ def test_bad_distributed_flags_are_user_errors_before_jax_distributed_starts(fla
   args, _ = main.parse_args(["--config", SMOKE, "--num_processes=2", *flags])
   with pytest.raises(UserError, match=message):
     main.start_distributed(args)
+
+
+@pytest.mark.parametrize("flags", [["--process_id=1"], ["--num_processes=0"]])
+def test_a_distributed_flag_alone_is_an_error_not_a_single_process_run(flags):
+  args, _ = main.parse_args(["--config", SMOKE, *flags])
+  with pytest.raises(UserError, match="need --coordinator_address=HOST:PORT, --num_processes"):
+    main.start_distributed(args)
+
+
+def test_distributed_settings_from_the_environment_are_checked_as_flags(monkeypatch):
+  monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "[::1]:1234")
+  monkeypatch.setenv("JAX_NUM_PROCESSES", "2")
+  monkeypatch.setenv("JAX_PROCESS_ID", "5")
+  args, _ = main.parse_args(["--config", SMOKE])
+  with pytest.raises(UserError, match=r"process id 5 of 2 .*JAX_PROCESS_ID and JAX_NUM_PROC"):
+    main.start_distributed(args)
+  monkeypatch.setenv("JAX_NUM_PROCESSES", "two")
+  with pytest.raises(UserError, match="JAX_NUM_PROCESSES='two' is not a whole number"):
+    main.parse_args(["--config", SMOKE])
 
 
 def _free_port() -> int:
