@@ -7,7 +7,6 @@
 """
 
 import argparse
-import hashlib
 import importlib
 import json
 import os
@@ -79,15 +78,11 @@ def check_processes_agree(config) -> None:
   """Every process of a run must have the same config: a user error where they do not.
   data_dir may differ (a copy on each host); research/train.py compares the data itself."""
   import jax
-  import numpy as np
-  from jax.experimental import multihost_utils
 
-  if jax.process_count() == 1:
-    return
+  from research.placement import same_in_every_process
+
   fields = {k: v for k, v in json.loads(config.to_json()).items() if k != "data_dir"}
-  digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).digest()
-  digests = multihost_utils.process_allgather(np.frombuffer(digest[:4], np.int32)[0])
-  if len(set(digests.tolist())) > 1:
+  if not same_in_every_process(fields):
     raise UserError(
       f"the processes of this run were given different configs (process "
       f"{jax.process_index()} of {jax.process_count()}); start each with the same command, "

@@ -1,9 +1,12 @@
 """Moving arrays between the host and the pmapped devices, in one or many processes."""
 
 import gc
+import hashlib
+import json
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from research.steps import AXIS
 
@@ -55,3 +58,13 @@ def first_replica(tree):
   leaves' copies start at once, then are awaited."""
   on_device = jax.tree.map(lambda x: x.addressable_shards[0].data, tree)
   return jax.tree.map(lambda x: x[0], jax.device_get(on_device))
+
+
+def same_in_every_process(value) -> bool:
+  """Whether `value` (what JSON writes) is the same in every process of the run: one
+  all-gather of a 4-byte digest; at once True for one process."""
+  if jax.process_count() == 1:
+    return True
+  digest = hashlib.sha256(json.dumps(value, sort_keys=True).encode()).digest()
+  digests = multihost_utils.process_allgather(np.frombuffer(digest[:4], np.int32)[0])
+  return len(set(digests.tolist())) == 1

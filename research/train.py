@@ -23,7 +23,6 @@ import jax
 import ml_collections
 import numpy as np
 import tqdm
-from jax.experimental import multihost_utils
 
 from research import checkpoint, models, optim, steps, validate
 from research import inputs as inputs_lib
@@ -32,7 +31,7 @@ from research.errors import UserError
 from research.inputs import Inputs
 from research.loop import Clock, Profiler, Progress, check_profile_end
 from research.metrics import MetricsLog
-from research.placement import first_replica, replicate
+from research.placement import first_replica, replicate, same_in_every_process
 from research.preemption import Preempted, Preemption
 from research.steps import AXIS, TrainState, create_train_state
 
@@ -187,14 +186,11 @@ def _data_identity(inputs: Inputs) -> dict:
     "synthetic_fallback": bool(inputs.fallback_reason),
     "content": inputs.fingerprint,
   }
-  if jax.process_count() > 1:
-    digest = np.frombuffer(bytes.fromhex(inputs.fingerprint)[:4], np.int32)[0]
-    digests = multihost_utils.process_allgather(np.int32(digest + data["synthetic_fallback"]))
-    if len(set(digests.tolist())) > 1:
-      raise UserError(
-        f"the processes of this run read different data (process {jax.process_index()}: "
-        f"{inputs.name} from {inputs.source}); give every host the same data_dir contents"
-      )
+  if not same_in_every_process(data):
+    raise UserError(
+      f"the processes of this run read different data (process {jax.process_index()}: "
+      f"{inputs.name} from {inputs.source}); give every host the same data_dir contents"
+    )
   return data
 
 

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -19,6 +20,7 @@ from research.steps import AXIS, create_train_state
 from research.train import train_and_evaluate
 
 SMOKE = "configs/cifar_vgg.py:smoke"
+SLICE = Path(__file__).parent / "data" / "cifar10_slice"  # 16 train + 8 test JPEGs per class
 STEPS = 2  # the resumed pair's steps
 # Every run here: a log record (and an agreement on stopping) every 2 steps, and no periodic
 # checkpoints, only the stop's.
@@ -191,4 +193,19 @@ def test_processes_given_different_configs_stop_before_anything_is_written(tmp_p
   outputs = _finish_two(_start_two(workdir, second=["--config.batch_size=32"]), workdir, 2)
   for output in outputs:
     assert "error: the processes of this run were given different configs" in output, output
+  assert not workdir.exists()
+
+
+def test_processes_reading_different_data_stop_before_anything_is_written(tmp_path, monkeypatch):
+  """data_dir may differ between hosts (a copy on each); what it holds may not."""
+  monkeypatch.setenv("RESEARCH_DATA_CACHE", str(tmp_path / "cache"))
+  ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+  shutil.copytree(SLICE, ours)
+  shutil.copytree(SLICE, theirs)
+  next(theirs.glob("train/cat/*.jpg")).unlink()  # one image fewer on the second host
+  folder = ["--config.dataset=folder", f"--config.data_dir={ours}"]
+  workdir = tmp_path / "run"
+  processes = _start_two(workdir, *folder, second=[f"--config.data_dir={theirs}"])
+  for output in _finish_two(processes, workdir, 2):
+    assert "error: the processes of this run read different data" in output, output
   assert not workdir.exists()
