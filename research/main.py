@@ -36,11 +36,6 @@ def start_distributed(args) -> None:
   import jax
 
   if any(x is not None for x in (args.coordinator_address, args.num_processes, args.process_id)):
-    if args.num_processes is None or args.process_id is None or not args.coordinator_address:
-      raise UserError(
-        "multi-process runs need --coordinator_address=HOST:PORT, --num_processes=N and "
-        "--process_id=I together (or the JAX_* environment variables)"
-      )
     _check_distributed_flags(args)
     kwargs = dict(
       coordinator_address=args.coordinator_address,
@@ -58,6 +53,11 @@ def start_distributed(args) -> None:
 
 
 def _check_distributed_flags(args) -> None:
+  if args.num_processes is None or args.process_id is None or not args.coordinator_address:
+    raise UserError(
+      "multi-process runs need --coordinator_address=HOST:PORT, --num_processes=N and "
+      "--process_id=I together (or the JAX_* environment variables)"
+    )
   host, _, port = args.coordinator_address.rpartition(":")
   ipv6_unbracketed = ":" in host and not (host.startswith("[") and host.endswith("]"))
   if not host or ipv6_unbracketed or not port.isdecimal() or not 0 < int(port) < 65536:
