@@ -11,6 +11,7 @@ import concurrent.futures
 import contextlib
 import multiprocessing
 import os
+import signal
 import threading
 import time
 
@@ -35,8 +36,8 @@ def pool(workers: int):
 
 def exit_with_parent(parent: int, *_worker) -> None:
   """Starts a thread that ends this process once `parent` is not its parent any more (gone:
-  the process was re-parented). Also grain's `worker_init_fn` (bound to the parent with
-  functools.partial; grain passes the worker's index and count, unused here)."""
+  the process was re-parented). The pool's initializer; grain passes its workers' index and
+  count too, unused here."""
 
   def watch():
     while os.getppid() == parent:
@@ -44,3 +45,20 @@ def exit_with_parent(parent: int, *_worker) -> None:
     os._exit(1)  # at once: the task in flight is not wanted any more
 
   threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
+def leave_signals_to(parent: int, *_worker) -> None:
+  """grain's `worker_init_fn` for the streamed input's workers (bound to the parent with
+  functools.partial): they ignore SIGINT and SIGTERM and end with their parent.
+
+  A terminal's Ctrl-C and a scheduler's SIGTERM reach the whole process group. While a run
+  trains, the parent takes them (research/preemption.py): it finishes its step, saves a
+  checkpoint and closes its streams, which ends their workers. A worker killed by the signal
+  instead would make the parent's next batch a crash ("worker process was terminated"). A
+  worker started while the run trains begins with both signals blocked (pending until they
+  are ignored here), so not even one still starting up is killed."""
+  stops = (signal.SIGINT, signal.SIGTERM)
+  for stop in stops:
+    signal.signal(stop, signal.SIG_IGN)  # discards one pending
+  signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
+  exit_with_parent(parent)

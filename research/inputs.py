@@ -260,7 +260,7 @@ def streamed(config, per_device_batch: int, preprocess, step_key, scanned=None) 
   train_source, eval_source, description, content = streaming.sources(config, scanned)
   per_process = per_device_batch * n_local
   shard_size = check_shard(config, len(train_source), n_devices, per_device_batch)
-  train_ds = streaming.process_share(train_source, config.seed, True, share).repeat(None)
+  train_ds = streaming.process_share(train_source, share, seed=config.seed)
   skipped = [0]  # undecodable files passed over so far (skip_bad_images), counted on the host
 
   def count_skipped(batch):
@@ -280,7 +280,7 @@ def streamed(config, per_device_batch: int, preprocess, step_key, scanned=None) 
   def evaluate(rstate, all_views=True):
     totals = replicate(jax.device_get(steps.zero_totals(pipelines[all_views])))  # on device
     stream = streaming.eval_batches(eval_source, eval_per_process, config.data_workers, share)
-    for batch in prefetch_to_devices(stream, config.prefetch):
+    for batch in prefetch_to_devices(stream, config.prefetch, count_skipped):
       totals = p_evals[all_views](rstate, batch, totals)
     return first_replica(totals)
 

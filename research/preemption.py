@@ -12,6 +12,11 @@ in XLA would hear a Ctrl-C only when that call returns. Here the C-level handler
 signal's number to a pipe (`signal.set_wakeup_fd`) and a watcher thread reads it: a signal is
 acted on when it arrives, and two Ctrl-C in a row count as two.
 
+A terminal's Ctrl-C and a scheduler's SIGTERM reach the whole process group, the decode
+workers too. The main thread blocks both signals while the watcher runs, so the processes
+its threads start begin with them blocked, and ignore them from their first line of Python on
+(research/host_workers.py): they end when the run closes its streams, not mid-batch.
+
 With several processes, a signal may reach only some of them. Each process's flag is
 combined with everyone's at the same steps (every `every` steps, one tiny all-gather), so all
 processes stop after the same step and save one checkpoint together; none steps on alone.
@@ -48,6 +53,9 @@ class Preemption:
     self._previous = {s: signal.signal(s, lambda *_: None) for s in self.SIGNALS}
     self._watcher = threading.Thread(target=self._watch, name="preemption", daemon=True)
     self._watcher.start()
+    # From here the signals reach the watcher's thread only: threads started from now on, and
+    # the worker processes they start, begin with them blocked (host_workers.leave_signals_to).
+    self._mask = signal.pthread_sigmask(signal.SIG_BLOCK, self.SIGNALS)
     return self
 
   def _watch(self):
@@ -78,6 +86,7 @@ class Preemption:
     self.signal = self.signal or signum
 
   def __exit__(self, *exc):
+    signal.pthread_sigmask(signal.SIG_SETMASK, self._mask)
     for s, handler in self._previous.items():
       signal.signal(s, handler)
     signal.set_wakeup_fd(self._previous_wakeup)

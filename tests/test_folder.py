@@ -207,9 +207,10 @@ def test_resuming_on_changed_data_is_an_error_unless_allowed(real_slice, tmp_pat
   assert _records(tmp_path / "run")[-1]["step"] == 3
 
 
-def test_folder_streams_through_two_worker_processes_end_to_end(
+def test_folder_streams_through_two_worker_processes_end_to_end_skipping_a_bad_file(
   real_slice, tmp_path, streamed_config
 ):
+  (real_slice / "test" / "cat" / "broken.png").write_bytes(b"\x89PNG broken")
   config = streamed_config(
     dataset="folder",
     data_dir=str(real_slice),
@@ -217,10 +218,13 @@ def test_folder_streams_through_two_worker_processes_end_to_end(
     data_workers=2,
     num_train_steps=6,
     log_every_steps=3,
+    skip_bad_images=True,
   )
   final = train_and_evaluate(config, str(tmp_path / "run"))
-  assert final["eval_examples"] == 80
+  assert final["eval_examples"] == 80  # every real test image once; the broken one left out
   assert all(r["dataset_used"] == "folder" for r in _records(tmp_path / "run"))
+  meta = (tmp_path / "run" / "metadata.jsonl").read_text().splitlines()
+  assert json.loads(meta[-1])["skipped_images"] >= 1  # read once per eval
 
 
 def test_model_classes_must_match_the_folder(real_slice):

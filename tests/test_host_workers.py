@@ -96,3 +96,41 @@ def test_a_run_that_read_streamed_batches_exits_with_their_shared_memory_freed()
   )
   assert result.returncode == 0 and result.stdout == "40 16\n", result.stderr
   assert "leaked" not in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+# A Ctrl-C to the whole process group (as a terminal sends it) while the streamed input's
+# workers start, and a SIGTERM (as a scheduler sends it) once they run, during training: the
+# run takes them (research/preemption.py) and its stream goes on.
+GRAIN_SIGNALLED = """
+import os, signal, threading, time
+import grain
+from research.data import streaming
+from research.preemption import Preemption
+
+def run():
+  with Preemption(every=1) as preemption:
+    ctrl_c_at_start = threading.Timer(0.3, os.killpg, (0, signal.SIGINT))
+    ctrl_c_at_start.start()
+    batches = streaming.batch_stream(grain.MapDataset.range(10**6).repeat(None), 2, 0, workers=2)
+    next(batches)
+    ctrl_c_at_start.join()
+    os.killpg(0, signal.SIGTERM)
+    time.sleep(1)
+    print([int(next(batches)[0]) for _ in range(3)], preemption.interrupted, flush=True)
+    batches.close()
+
+run()
+"""
+
+
+def test_the_streamed_input_s_workers_leave_ctrl_c_and_sigterm_to_the_run():
+  result = subprocess.run(
+    [sys.executable, "-c", GRAIN_SIGNALLED],
+    capture_output=True,
+    text=True,
+    cwd=Path(__file__).parent.parent,
+    timeout=60,
+    start_new_session=True,  # its own process group: the signals reach only the script's
+  )
+  assert result.returncode == 0 and result.stdout == "[2, 4, 6] True\n", result.stderr
+  assert "Traceback" not in result.stderr, result.stderr

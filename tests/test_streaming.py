@@ -1,5 +1,6 @@
 """The streamed (ImageNet-style) input: sharding, epochs, fixed sizes, prefetch, input wait."""
 
+import itertools
 import json
 
 import numpy as np
@@ -12,19 +13,26 @@ from research.errors import UserError
 from research.train import train_and_evaluate
 
 
-def test_each_example_once_per_epoch_in_a_new_order_each_epoch():
-  ds = streaming.process_share(list(range(48)), seed=3, shuffle=True).repeat(None)
-  first, second = [ds[i] for i in range(48)], [ds[i] for i in range(48, 96)]
-  assert sorted(first) == sorted(second) == list(range(48))
+def test_processes_read_one_global_order_each_example_once_per_epoch_new_each_epoch():
+  n = 47  # records, in their source order (a folder's: class after class)
+  shares = [streaming.process_share(list(range(n)), (p, 2), seed=3) for p in range(2)]
+  order = [shares[i % 2][i // 2] for i in range(2 * n)]  # process 0, process 1, process 0, …
+  first, second = order[:n], order[n:]
+  assert sorted(first) == sorted(second) == list(range(n))
   assert first != second
+  # Not one shuffle of each process's share: that would give the processes neighbouring
+  # records (the same class) at every position.
+  neighbours = sum(abs(shares[0][k] - shares[1][k]) <= 1 for k in range(n // 2))
+  assert neighbours < n // 8
 
 
 def test_mock_imagenet_batches_are_fixed_size_uint8_and_land_sharded_on_devices():
   with tfds.testing.mock_data(num_examples=24):
     source = streaming.TfdsImages(streaming.open_source("imagenet2012", "train", ""), 40)
-    ds = streaming.process_share(source, seed=0, shuffle=True)
-    batches = list(streaming.batch_stream(ds, batch=8, start=0, workers=0))
-  assert len(batches) == 3  # 24 examples / 8, once
+    ds = streaming.process_share(source, seed=0)
+    batches = list(itertools.islice(streaming.batch_stream(ds, batch=8, start=0, workers=0), 3))
+    labels = sorted(int(source[i]["label"]) for i in range(24))
+  assert sorted(np.concatenate([b["label"] for b in batches]).tolist()) == labels  # an epoch
   for batch in batches:
     assert batch["image"].shape == (8, 40, 40, 3) and batch["image"].dtype == np.uint8
     assert batch["label"].shape == (8,) and batch["size"].shape == (8, 2)

@@ -1,8 +1,8 @@
 """Streamed datasets (ImageNet-sized): host workers decode, the devices do everything else.
 
     tfds.data_source (array_record, no TensorFlow) or an image folder (research/data/folder.py)
-      → this process's share of the records (each process reads only its own)
-      → global shuffle, new order every epoch (grain; a function of seed and epoch)
+      → one global shuffle, new every epoch (grain; a function of seed and epoch), of which
+        each process reads only its own share (every process_count-th record)
       → on `data_workers` worker processes: decode, resize the LONGER side to host_image_size
         (aspect ratio kept), edge-pad to a square so batches stack, remember the valid size
       → batches: image uint8 [per-process batch, S, S, 3], size int32 [.., 2], label
@@ -16,9 +16,10 @@ exactly the batches an uninterrupted run would.
 
 import atexit
 import functools
-import itertools
 import logging
 import os
+import signal
+from multiprocessing import resource_tracker
 
 import grain
 import numpy as np
@@ -111,12 +112,15 @@ def sources(config, scanned: folder.Folder | None) -> tuple:
   )
 
 
-def process_share(source, seed: int, shuffle: bool, share=(0, 1)) -> grain.MapDataset:
-  """Process `share[0]`'s records of `share[1]` processes (every share[1]-th, from its index),
-  shuffled anew every epoch if asked."""
+def process_share(source, share=(0, 1), seed: int | None = None) -> grain.MapDataset:
+  """Process `share[0]`'s records of `share[1]` processes: every share[1]-th from its index.
+  With a `seed`, every share[1]-th of one global order of all records, repeated forever and
+  shuffled anew every epoch: together, the processes read each record once per epoch."""
   index, count = share
-  ds = grain.MapDataset.source(source)[index::count]
-  return ds.shuffle(seed) if shuffle else ds
+  ds = grain.MapDataset.source(source)
+  if seed is not None:
+    ds = ds.shuffle(seed).repeat(None)
+  return ds[index::count]
 
 
 def _iterate(ds: grain.MapDataset, workers: int):
@@ -125,9 +129,16 @@ def _iterate(ds: grain.MapDataset, workers: int):
   if workers:
     if not flags.FLAGS.is_parsed():  # grain's workers read absl flags; we parse none of ours
       flags.FLAGS.mark_as_parsed()
+    # The workers hand batches over in shared memory, which needs multiprocessing's resource
+    # tracker. The thread that starts it is left with SIGINT and SIGTERM unblocked, whatever
+    # they were, and would start workers a signal can kill (research/preemption.py): started
+    # here, with this thread's signal mask put back.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+    resource_tracker.ensure_running()
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     stream = stream.mp_prefetch(
       grain.MultiprocessingOptions(num_workers=workers),
-      worker_init_fn=functools.partial(host_workers.exit_with_parent, os.getpid()),
+      worker_init_fn=functools.partial(host_workers.leave_signals_to, os.getpid()),
     )
   return iter(stream)
 
@@ -155,18 +166,23 @@ def batch_stream(ds: grain.MapDataset, batch: int, start: int, workers: int):
 
 
 def eval_batches(source, per_process_batch: int, workers: int, share=(0, 1)):
-  """The whole eval split, every process the same number of batches, padding masked out."""
+  """The whole eval split, every process the same number of batches, padding masked out.
+
+  A record that stands in for an undecodable file (skip_bad_images: the next file that
+  decodes, which has its own record) is masked out too: each decodable file counts once."""
   per_process = -(-len(source) // share[1])
   n_batches = -(-per_process // per_process_batch)
-  stream = _iterate(process_share(source, 0, shuffle=False, share=share), workers)
+  stream = _iterate(process_share(source, share).batch(per_process_batch), workers)
   try:
     for _ in range(n_batches):
-      records = list(itertools.islice(stream, per_process_batch))
-      real = len(records)
-      records = records or [source[0]]  # this process's share ended: padding keeps step
-      pad = [records[0]] * (per_process_batch - len(records))
-      batch = {k: np.stack([r[k] for r in records + pad]) for k in records[0]}
-      batch["mask"] = (np.arange(per_process_batch) < real).astype(np.float32)
-      yield batch
+      batch = next(stream, None)
+      real = 0 if batch is None else len(batch["label"])
+      if batch is None:  # this process's share ended: padding keeps step with the others
+        batch = {k: np.asarray(v)[None] for k, v in source[0].items()}
+      pad = per_process_batch - len(batch["label"])
+      batch = {k: np.concatenate([v, np.repeat(v[:1], pad, axis=0)]) for k, v in batch.items()}
+      batch["skipped"][real:] = 0  # padding passed over no file
+      counted = (np.arange(per_process_batch) < real) & (batch["skipped"] == 0)
+      yield dict(batch, mask=counted.astype(np.float32))
   finally:
     stream.close()  # stop the workers now
