@@ -281,9 +281,14 @@ def run(args) -> int:
         for record in records:
           print(f"  wrote {results.write(record, args.results)}", flush=True)
   finally:
-    if Path(args.results).resolve() == results.RESULTS.resolve():
+    if _into_readme(args.results):
       render()
   return 0
+
+
+def _into_readme(folder: str) -> bool:
+  """Whether records written to `folder` are the README's (results/)."""
+  return Path(folder).resolve() == results.RESULTS.resolve()
 
 
 def _airbench_missing(script: Path) -> str:
@@ -356,7 +361,7 @@ def main() -> int:
   try:
     if not args.budget > 0:
       raise UserError(f"--budget={args.budget:g}: give the seconds a part may take, above 0")
-    if args.scale == "tiny" and Path(args.results).resolve() == results.RESULTS.resolve():
+    if args.scale == "tiny" and _into_readme(args.results):
       args.results = str(Path(args.workdir) / "results")  # toy numbers stay out of the README
     environment.check({**environment.CORE, **environment.PLOTS})
     if args.render:
