@@ -155,6 +155,20 @@ def _write_metadata(workdir: Path, config, training: Training) -> None:
     f.write(json.dumps(meta) + "\n")
 
 
+def _last_device_count(workdir: Path) -> int | None:
+  """The device count of the last launch that `workdir`'s metadata.jsonl records, if any."""
+  path = workdir / "metadata.jsonl"
+  lines = path.read_text().splitlines() if path.exists() else []
+  for line in reversed(lines):
+    try:
+      count = json.loads(line).get("device_count")
+    except json.JSONDecodeError:  # a line cut short by a kill: an older one may tell
+      continue
+    if count:
+      return count
+  return None
+
+
 def _describe(config, training: Training, state, echo) -> None:
   n_params = sum(x.size for x in jax.tree.leaves(state.params))
   per_device, micro = training.per_device_batch, training.micro_batch
@@ -241,10 +255,17 @@ def train_and_evaluate(
   bar.update(start_step)
   log = MetricsLog(workdir, dataset_used=inputs.name, enabled=is_main, echo=echo)
   if is_main:
+    before = _last_device_count(workdir) if start_step else None
     _write_metadata(workdir, config, training)
     _describe(config, training, state, echo)
     if start_step:
       echo(f"resumed from the checkpoint at step {start_step}")
+    if before and before != jax.device_count():
+      echo(
+        f"note: the launch before this one ran on {before} devices, this one on "
+        f"{jax.device_count()}: the state and global batch are the same, the batches drawn "
+        f"from here on are not those {before} devices would draw (docs/long_runs.md)"
+      )
   rstate = replicate(state)
   skipped_at_start = inputs.skipped_images()
 

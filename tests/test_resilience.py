@@ -169,6 +169,7 @@ def test_sigterm_or_ctrl_c_writes_a_checkpoint_and_the_rerun_ends_as_uninterrupt
   # goes on and the run ends as one never stopped.
   output = _finish(_start_stopping_itself(tmp_path, stop, "checkpoint-14"))
   assert "resumed from the checkpoint at step 7" in output
+  assert "the launch before this one ran on" not in output  # the same devices: no note
   assert "training is done and its checkpoint is being written; finishing the final eval" in output
   assert _final(tmp_path) == uninterrupted
   assert (tmp_path / "checkpoints" / "14").is_dir()
@@ -218,6 +219,7 @@ def test_checkpoint_from_8_devices_restores_the_same_state_on_1(uninterrupted_wo
   # statistics, evaluated on fewer devices, give the 8-device evaluation.
   output = _finish(_start(tmp_path, devices=1))
   assert "resumed from the checkpoint at step 14" in output and "| 1 device (cpu)" in output
+  assert "the launch before this one ran on 8 devices, this one on 1" in output
   restored_eval = _records(tmp_path)[-1]
   assert restored_eval["eval_examples"] == saved_eval["eval_examples"]
   np.testing.assert_allclose(restored_eval["eval_loss"], saved_eval["eval_loss"], rtol=1e-5)
