@@ -75,7 +75,9 @@ import grain
 from research.data import streaming
 
 def run():
-  images = grain.MapDataset.range(64).map(lambda i: {"image": np.full((32, 32, 3), i, np.uint8)})
+  images = grain.MapDataset.range(64).map(
+    lambda i: {"image": np.full((32, 32, 3), i, np.uint8), "label": i % 10, "skipped": 0}
+  )
   batches = streaming.batch_stream(images.repeat(None), batch=4, start=0, workers=2)
   seen = [next(batches)["image"] for _ in range(40)]
   batches.close()
