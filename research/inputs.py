@@ -43,6 +43,9 @@ class Inputs:
   gather: Callable
   # (replicated state, all_views) -> eval totals on the host; all_views=False: the first view
   evaluate: Callable[[object, bool], dict]
+  # (replicated state, the all_views values to come) -> None: compiles those evals ahead, so
+  # that an eval's time is its own (resident data; None: the first call compiles)
+  compile_evals: Callable[[object, tuple], None] | None = None
   # n -> n training images, uint8: a random sample fixed by the seed, the same every call
   first_images: Callable[[int], np.ndarray] | None = None
   skipped_images: Callable[[], int] = lambda: 0  # undecodable files skipped so far
@@ -182,6 +185,11 @@ def resident(
     )
     for all_views, pipeline in eval_pipelines(preprocess).items()
   }
+
+  def compile_evals(rstate, views):
+    for all_views in views:
+      p_evals[all_views] = p_evals[all_views].lower(rstate, test_shard).compile()
+
   return Inputs(
     name=data.name,
     source=data.source,
@@ -194,6 +202,7 @@ def resident(
     batches=batches,
     gather=functools.partial(resident_gather, step_key=step_key, per_device_batch=per_device_batch),
     evaluate=lambda rstate, all_views=True: first_replica(p_evals[all_views](rstate, test_shard)),
+    compile_evals=compile_evals,
     first_images=lambda n: data.train_images[rows[:n]],
     skipped_images=lambda: len(data.skipped_files),
   )

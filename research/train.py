@@ -248,8 +248,12 @@ def train_and_evaluate(
       f"{workdir} holds a checkpoint of step {start_step}, past this run's {num_steps} steps; "
       f"resume with num_train_steps >= {start_step}, or use a new --workdir"
     )
+  extra_times = {}  # for the final eval's record
   if not start_step:
+    start = time.perf_counter()
     state = training.from_data(state)
+    if models.init_from_data(config.model):
+      extra_times["init_from_data_sec"] = time.perf_counter() - start
   profiler = Profiler(config, workdir, start_step, echo)  # its window is checked here
   workdir_lib.prepare(workdir, config, data_identity)  # all checked: from here on we write
   bar.update(start_step)
@@ -271,12 +275,14 @@ def train_and_evaluate(
 
   def evaluate(step, rstate, all_views=True, **extra):
     """An eval record; periodic evals (all_views=False) use the eval's first view only."""
+    start = time.perf_counter()
     totals = inputs.evaluate(rstate, all_views)
     record = {
       "step": step,
       "eval_loss": float(totals["loss_sum"] / totals["count"]),
       "eval_accuracy": float(totals["correct"] / totals["count"]),
       "eval_examples": int(totals["count"]),
+      "eval_sec": time.perf_counter() - start,
       "elapsed_sec": clock.since_launch(),  # this launch's wall clock, as train records'
       **extra,
     }
@@ -309,7 +315,7 @@ def train_and_evaluate(
     train_sec = clock.training()  # compile, evals and checkpoints excluded
     preemption.training = False
     checkpoints.save(num_steps, _finite_or_stop(first_replica(rstate), num_steps, checkpoints))
-    final = evaluate(num_steps, rstate, train_sec=train_sec, compile_sec=compile_sec)
+    final = evaluate(num_steps, rstate, train_sec=train_sec, **extra_times)
     if is_main and start_step < num_steps:
       echo(
         f"trained steps {start_step + 1}-{num_steps} in {train_sec:.1f} s (compile, evals "
@@ -326,9 +332,16 @@ def train_and_evaluate(
   compile_start = time.perf_counter()
   p_train_step = jax.pmap(training.train_step, axis_name=AXIS, donate_argnums=(0,))
   p_train_step = p_train_step.lower(rstate, first_batch).compile()
-  compile_sec = time.perf_counter() - compile_start
+  extra_times["compile_sec"] = compile_sec = time.perf_counter() - compile_start
+  compiled = f"compiled the train step in {compile_sec:.1f} s"
+  if inputs.compile_evals:
+    periodic = bool(config.eval_every_steps) and config.eval_every_steps < num_steps
+    compile_start = time.perf_counter()
+    inputs.compile_evals(rstate, (True, False) if periodic else (True,))
+    extra_times["eval_compile_sec"] = time.perf_counter() - compile_start
+    compiled += f", the eval in {extra_times['eval_compile_sec']:.1f} s"
   if is_main:
-    echo(f"compiled the train step in {compile_sec:.1f} s")
+    echo(compiled)
   batches = itertools.chain([first_batch], stream)
   progress = Progress(config, log, training.schedule, start_step, num_steps, echo, checkpoints)
   # The signal handlers stay until the last checkpoint is on disk: a second Ctrl-C while it is

@@ -71,6 +71,7 @@ def test_smoke_trains_end_to_end_and_learns(path, tmp_path):
   # The eval sees what training learnt (BatchNorm's running statistics, if any, kept up).
   assert final["eval_accuracy"] >= 2 / config.model.num_classes, final
   assert final["train_sec"] > 0 and final["compile_sec"] > 0  # measured apart
+  assert final["eval_sec"] > 0 and final["eval_compile_sec"] > 0  # resident: compiled ahead
   assert all(r["dataset_used"] == "synthetic" for r in records)
   assert json.loads((tmp_path / "config.json").read_text())["model"]["name"] == config.model.name
   meta = json.loads((tmp_path / "metadata.jsonl").read_text().splitlines()[-1])

@@ -81,7 +81,7 @@ def test_a_resumed_run_takes_its_data_computed_parameters_from_the_checkpoint(
 ):
   config = configuration.load(SMOKE)
   config.num_train_steps, config.log_every_steps = 2, 1
-  train_and_evaluate(config, str(tmp_path))
+  assert train_and_evaluate(config, str(tmp_path))["init_from_data_sec"] > 0  # timed apart
   monkeypatch.setattr(speedrun, "init_from_data", lambda *a: pytest.fail("computed again"))
   config.num_train_steps = 3
   train_and_evaluate(config, str(tmp_path))  # resumes at step 2
