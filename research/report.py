@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import sys
 import tarfile
 import time
@@ -160,8 +161,12 @@ def image_folder(data: str) -> Path | None:
   if not (target / ".complete").exists():
     print(f"extracting {path} to {target} (once) ...", flush=True)
     target.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(path) as tar:
-      tar.extractall(target, filter="data")
+    try:
+      with tarfile.open(path) as tar:
+        tar.extractall(target, filter="data")
+    except (tarfile.TarError, EOFError, OSError) as e:
+      shutil.rmtree(target, ignore_errors=True)  # nothing half-extracted is left
+      raise UserError(f"cannot extract --data={data} ({e}); give an intact .tar.gz") from None
     (target / ".complete").touch()
   roots = [p.parent for p in target.rglob("train") if p.is_dir()]
   if not roots:
@@ -186,7 +191,7 @@ def _rough_minutes(m: Measurement, scale: str, machine: Path) -> str:
   stem = m.name.split("-")[0]
   measured = machine / f"throughput-{stem}-{m.dtype}.json"
   if not measured.exists():
-    return "no time estimate until the throughput part has run on this machine (--only throughput)"
+    return f"no time estimate: no throughput record of {stem}, {m.dtype} on this machine"
   config = m.config_dict()
   speed = json.loads(measured.read_text())["numbers"]["examples_per_sec"]
   steps = config.num_train_steps if config.num_train_steps > 0 else config.num_epochs * 195
@@ -265,6 +270,11 @@ def run(args) -> int:
           break
         print(f"{part} {m.name}: {m.label}, {m.dtype} ...", flush=True)
         workdir = workdirs / f"{part}-{m.name}"
+        record = Path(args.results) / workdirs.name / f"{part}-{m.name}.json"
+        if args.again and record.exists():  # its runs are the record's: measured anew
+          record.unlink()
+          shutil.rmtree(workdir, ignore_errors=True)
+          print(f"  --again: removed {record} (git has it) and its runs in {workdir}", flush=True)
         if part == "throughput":
           records = measure.throughput(m, device)
         elif m.peer == "airbench":

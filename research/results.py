@@ -109,6 +109,19 @@ def _by_recipe(entries: list[dict], platform) -> list[list[dict]]:
   return list(groups.values())
 
 
+def _command(group: list[dict]) -> str:
+  """The command of a row: with several seeds, `--config.seed=SEED` and the seeds it takes."""
+  command = group[0]["command"]
+  if len(group) == 1:
+    return f"`{command}`"
+  found = (re.search(r"--config\.seed=(\d+)", e["command"]) for e in group)
+  seeds = sorted(int(m.group(1)) for m in found if m)
+  consecutive = len(seeds) > 2 and seeds == list(range(seeds[0], seeds[-1] + 1))
+  listed = f"{seeds[0]}–{seeds[-1]}" if consecutive else ", ".join(map(str, seeds))
+  command = re.sub(r"--config\.seed=\d+", "--config.seed=SEED", command)
+  return f"`{command}` (SEED = {listed})"
+
+
 def _accuracy(values: list[float]) -> str:
   """One run's accuracy, or the mean ± the standard deviation (n - 1) of several seeds'."""
   if len(values) == 1:
@@ -135,8 +148,9 @@ def _airbench_row(r: dict) -> list:
     r["dataset"],
     f"ours {_accuracy(n['test_accuracy'])} with TTA, airbench94_muon "
     f"{_accuracy(n['peer_test_accuracy'])}",
-    f"training: ours {_seconds(n['train_sec'])} (compile {compile_sec:.0f} s apart), "
-    f"airbench94_muon {_seconds(n['peer_time_sec'])}; ours ÷ theirs {n['ratio']:.2f}",
+    f"whitening init, training and TTA eval: ours {_seconds(n['span_sec'])} (training alone "
+    f"{_seconds(n['train_sec'])}; compile {compile_sec:.0f} s apart), airbench94_muon "
+    f"{_seconds(n['peer_time_sec'])}; ours ÷ theirs {n['ratio']:.2f}",
     "",
     f"{hardware(r)}, {r['date']}",
     f"`{r['command']}`",
@@ -155,13 +169,13 @@ def main_table(records: list[dict], expected: list[dict]) -> str:
   for group in _by_recipe(main, lambda r: r["machine"]):
     numbers = [r["numbers"] for r in group]
     accuracy = _accuracy([n["test_accuracy"] for n in numbers])
-    if "test_accuracy_first_view" in numbers[0]:
+    if all("test_accuracy_first_view" in n for n in numbers):
       first_view = _accuracy([n["test_accuracy_first_view"] for n in numbers])
       accuracy += f" with TTA ({first_view} without)"
     wall_time = ("mean " if len(group) > 1 else "") + _duration(
       sum(n["wall_time_sec"] for n in numbers) / len(group)
     )
-    if "train_sec" in numbers[0]:
+    if all("train_sec" in n for n in numbers):  # each trained in one launch
       wall_time += f" (training {sum(n['train_sec'] for n in numbers) / len(group):.1f} s)"
     dates = sorted({r["date"] for r in group})
     date = dates[0] if len(dates) == 1 else f"{dates[0]} – {dates[-1]}"
@@ -173,7 +187,7 @@ def main_table(records: list[dict], expected: list[dict]) -> str:
         wall_time,
         f"{sum(n['examples_per_sec'] for n in numbers) / len(group):,.0f}",
         f"{hardware(group[0])}, {date}",
-        f"`{group[0]['command']}`",
+        _command(group),
       ]
     )
   airbench = [r for r in records if "peer_time_sec" in r["numbers"]]
@@ -187,8 +201,9 @@ def main_table(records: list[dict], expected: list[dict]) -> str:
   ]
   for group in _by_recipe(missing, lambda e: e["platform"]):
     e = group[0]
-    command = f"`{e['command']}`"
-    rows.append([_recipe_label(group), e["dataset"], NOT_MEASURED, "", "", e["hardware"], command])
+    rows.append(
+      [_recipe_label(group), e["dataset"], NOT_MEASURED, "", "", e["hardware"], _command(group)]
+    )
   return _table(header, rows)
 
 

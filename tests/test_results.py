@@ -31,6 +31,8 @@ def test_the_seeds_of_one_recipe_share_a_row_with_their_mean_and_spread(tmp_path
   seed1 = json.loads(json.dumps(seed0))
   seed1.update(name="cifar_speedrun-seed1", label="Speedrun (8 epochs), seed 1", date="2026-11-25")
   seed1["numbers"].update(test_accuracy=0.9012, test_accuracy_first_view=0.8920, wall_time_sec=3600)
+  seed1["numbers"]["train_sec"] = 3500.0  # one launch; seed 0 was resumed: no training time
+  seed1["command"] = seed0["command"].replace("--config.seed=0", "--config.seed=1")
   for record in (seed0, seed1):
     results.write(record, tmp_path)
   table = results.main_table(results.load(tmp_path), report.expected_rows())
@@ -41,6 +43,10 @@ def test_the_seeds_of_one_recipe_share_a_row_with_their_mean_and_spread(tmp_path
     f"mean 90.50 ± 0.54 % with TTA (mean 89.52 ± 0.45 % without) | mean {mean_time} |"
   ), rows
   assert "2-core AMD EPYC (1 CPU device), 2026-11-24 – 2026-11-25 |" in rows[0]
+  assert "(training" not in rows[0]  # not every seed has it
+  assert (
+    "--config.seed=SEED --config.dataset=folder --config.data_dir=DIR` (SEED = 0, 1) |" in rows[0]
+  )
   assert (
     rows[1].startswith("| Speedrun (8 epochs), float32, seed 2 |") and "not measured yet" in rows[1]
   )
@@ -60,7 +66,8 @@ def test_the_speedrun_against_airbench_takes_the_place_of_its_not_measured_row(t
   }
   numbers = {
     "runs": 2,
-    "train_sec": [3.0, 3.4],
+    "train_sec": [2.8, 3.2],
+    "span_sec": [3.0, 3.4],
     "compile_sec": [41.0, 43.0],
     "test_accuracy": [0.91, 0.92],
     "peer_time_sec": [2.5, 2.7],
@@ -75,8 +82,9 @@ def test_the_speedrun_against_airbench_takes_the_place_of_its_not_measured_row(t
   assert "against airbench94_muon, bfloat16 | cifar10-jpeg (50,000" not in table
   assert (
     "| Speedrun (8 epochs) against airbench94_muon, bfloat16, 2 runs each | cifar10-jpeg | "
-    "ours mean 91.50 ± 0.71 % with TTA, airbench94_muon mean 91.00 ± 0.71 % | training: ours "
-    "3.20 ± 0.28 s (compile 42 s apart), airbench94_muon 2.60 ± 0.14 s; ours ÷ theirs 1.23 |  | "
+    "ours mean 91.50 ± 0.71 % with TTA, airbench94_muon mean 91.00 ± 0.71 % | whitening init, "
+    "training and TTA eval: ours 3.20 ± 0.28 s (training alone 3.00 ± 0.28 s; compile 42 s "
+    "apart), airbench94_muon 2.60 ± 0.14 s; ours ÷ theirs 1.23 |  | "
     "1× NVIDIA H100, "
   ) in table
   assert "`./launch.sh report --only peer:cifar_speedrun-airbench --airbench " in table
@@ -101,6 +109,7 @@ def test_the_report_writes_records_resumes_a_stopped_run_and_its_table_renders(t
   assert record["numbers"]["eval_examples"] == 80 and record["numbers"]["steps"] == 6
   assert [step for _, step, _ in record["curve"]] == [2, 4, 6]
   assert record["device"]["count"] == 8 and record["versions"]["jax"]
+  assert re.fullmatch(r"[0-9a-f]{40}(\+changes)?", record["code"])  # the commit measured
   assert record["command"].startswith("./launch.sh configs/cifar_vgg.py:smoke ")
   table = results.main_table(results.load(tmp_path / "results"), report.expected_rows())
   accuracy = f"{record['numbers']['test_accuracy']:.2%}".replace("%", " %")
@@ -112,6 +121,10 @@ def test_the_report_writes_records_resumes_a_stopped_run_and_its_table_renders(t
 
   again = _report(tmp_path, "--only=main", data)
   assert "recorded (--again redoes it)" in again.stdout and "wrote" not in again.stdout
+  # --again trains anew: not the recorded run's final eval once more, under a new date
+  redo = _report(tmp_path, "--only=main", data, "--again")
+  assert "--again: removed" in redo.stdout and redo.returncode == 0, redo.stdout + redo.stderr
+  assert "train_sec" in json.loads(record_path.read_text())["numbers"]  # one launch, step 0 on
 
 
 def test_the_throughput_part_records_speed_flops_and_the_largest_batch_tried(tmp_path):
@@ -228,3 +241,16 @@ def test_a_tiny_report_records_beside_its_runs_not_in_the_readme_s_results(
   assert report.main() == 0
   output = capsys.readouterr().out
   assert f"into {tmp_path / 'results'}/" in output and "rendered the tables" not in output
+
+
+def test_a_damaged_data_archive_is_an_error_and_leaves_nothing_extracted(tmp_path, monkeypatch):
+  monkeypatch.setattr("research.data.CACHE", tmp_path / "cache")
+  broken = tmp_path / "cifar10-jpeg.tar.gz"
+  broken.write_bytes(
+    subprocess.run(
+      ["tar", "-cz", "-C", str(ROOT / "tests" / "data"), "."], capture_output=True, check=True
+    ).stdout[:3000]
+  )
+  with pytest.raises(UserError, match=r"cannot extract --data=.*; give an intact \.tar\.gz"):
+    report.image_folder(str(broken))
+  assert not (tmp_path / "cache" / "report" / "cifar10-jpeg").exists()
