@@ -230,8 +230,13 @@ def throughput(m: Measurement, device: dict) -> list[dict]:
     try:
       found.append(step_speed(config, m.steps))
     except Exception as e:
-      if not (_is_oom(e) and found):
+      if not _is_oom(e):
         raise
+      if not found:
+        raise UserError(
+          f"throughput {m.name}: the config's global batch {batch} does not fit in device "
+          "memory here"
+        ) from None
       print(f"  global batch {batch}: out of device memory", flush=True)
       break
     finally:

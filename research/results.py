@@ -12,6 +12,8 @@ import json
 import re
 from pathlib import Path
 
+from research.errors import UserError
+
 ROOT = Path(__file__).parent.parent
 RESULTS = ROOT / "results"
 PLOT = ROOT / "docs" / "accuracy_vs_time.png"
@@ -309,7 +311,7 @@ def replace_between(text: str, name: str, content: str) -> str:
   """`text` with the lines between `<!-- NAME -->` and `<!-- /NAME -->` set to `content`."""
   start, end = f"<!-- {name} -->", f"<!-- /{name} -->"
   if start not in text or end not in text:
-    raise ValueError(f"markers {start} ... {end} not found")
+    raise UserError(f"the lines {start} and {end} that hold a table are gone; restore them (git)")
   head, rest = text.split(start, 1)
   _, tail = rest.split(end, 1)
   return f"{head}{start}\n{content}\n{end}{tail}"

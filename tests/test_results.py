@@ -254,3 +254,8 @@ def test_a_damaged_data_archive_is_an_error_and_leaves_nothing_extracted(tmp_pat
   with pytest.raises(UserError, match=r"cannot extract --data=.*; give an intact \.tar\.gz"):
     report.image_folder(str(broken))
   assert not (tmp_path / "cache" / "report" / "cifar10-jpeg").exists()
+
+
+def test_a_readme_without_its_table_markers_is_an_error_line():
+  with pytest.raises(UserError, match="<!-- results --> and <!-- /results --> that hold a table"):
+    results.replace_between("# README\n\nno table here\n", "results", "| a |")
