@@ -88,14 +88,20 @@ run()
 """
 
 
-def test_a_run_that_read_streamed_batches_exits_with_their_shared_memory_freed():
-  result = subprocess.run(
-    [sys.executable, "-c", GRAIN_READ],
+def _run(script: str, **popen) -> subprocess.CompletedProcess:
+  """`script` run to its end in a Python of its own, from the repository's root."""
+  return subprocess.run(
+    [sys.executable, "-c", script],
     capture_output=True,
     text=True,
     cwd=Path(__file__).parent.parent,
     timeout=60,
+    **popen,
   )
+
+
+def test_a_run_that_read_streamed_batches_exits_with_their_shared_memory_freed():
+  result = _run(GRAIN_READ)
   assert result.returncode == 0 and result.stdout == "40 16\n", result.stderr
   assert "leaked" not in result.stderr and "Traceback" not in result.stderr, result.stderr
 
@@ -126,13 +132,7 @@ run()
 
 
 def test_the_streamed_input_s_workers_leave_ctrl_c_and_sigterm_to_the_run():
-  result = subprocess.run(
-    [sys.executable, "-c", GRAIN_SIGNALLED],
-    capture_output=True,
-    text=True,
-    cwd=Path(__file__).parent.parent,
-    timeout=60,
-    start_new_session=True,  # its own process group: the signals reach only the script's
-  )
+  # In a process group of its own: the signals reach only the script's processes.
+  result = _run(GRAIN_SIGNALLED, start_new_session=True)
   assert result.returncode == 0 and result.stdout == "[2, 4, 6] True\n", result.stderr
   assert "Traceback" not in result.stderr, result.stderr
