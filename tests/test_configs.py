@@ -1,14 +1,16 @@
 """Every config loads; every training config's :smoke variant trains end to end on 8 devices."""
 
 import json
+import re
 from pathlib import Path
 
 import jax
 import optax
 import pytest
 
-from research import configuration, models
+from research import configuration, models, optim, validate
 from research.errors import UserError
+from research.experiments import conv2d_scaling
 from research.steps import AXIS, create_train_state
 from research.train import train_and_evaluate
 
@@ -31,6 +33,49 @@ def test_config_loads_and_its_docstring_shows_the_command(path):
 @pytest.mark.parametrize("path", CONFIGS)
 def test_smoke_variant_exists(path):
   assert configuration.load(f"{path}:smoke")
+
+
+def _documented_specs():
+  """Every CONFIG:VARIANTS a config's docstring shows, and those the README names besides."""
+  specs = {"configs/cifar_vgg.py:vgg13", "configs/cifar_vgg.py:vgg19"}
+  specs |= {"configs/cifar_speedrun.py:bf16", "configs/inception_v3.py:bf16"}
+  for path in CONFIGS:
+    specs.update(re.findall(r"\./launch\.sh (configs/\w+\.py(?::[\w,]+)?)", Path(path).read_text()))
+  return sorted(specs)
+
+
+@pytest.mark.parametrize("spec", _documented_specs())
+def test_every_documented_variant_loads_and_passes_the_checks_on_8_devices(spec):
+  config = configuration.load(spec)
+  if config.experiment == "train":
+    validate.train_config(config, 8)
+  else:
+    conv2d_scaling.check_config(config, 8)
+
+
+@pytest.mark.parametrize("variant, convs", [("vgg11", 8), ("vgg13", 10), ("", 13), ("vgg19", 16)])
+def test_vgg_depths_have_the_paper_s_convolutions(variant, convs):
+  config = configuration.load(
+    f"configs/cifar_vgg.py:{variant}" if variant else "configs/cifar_vgg.py"
+  )
+  model = models.create(config.model, AXIS)
+  images = jax.ShapeDtypeStruct((1, 32, 32, 3), jax.numpy.float32)
+  variables = jax.eval_shape(lambda x: model.init(jax.random.key(0), x, train=False), images)
+  kernels = [x for x in jax.tree.leaves(variables["params"]) if x.ndim == 4]
+  assert len(kernels) == convs  # VGG's configurations A, B, D and E
+  assert kernels[-1].shape[-1] == 512 and kernels[0].shape[-1] == 64
+
+
+def test_the_shipped_warmups_ramp_to_the_peak_then_decay_as_the_recipes_say():
+  vgg = optim.learning_rate_schedule(configuration.load("configs/cifar_vgg.py"), 195, 200 * 195)
+  assert float(vgg(0)) == 0 and float(vgg(97)) == pytest.approx(0.1 * 97 / 195, rel=1e-5)
+  assert float(vgg(195)) == pytest.approx(0.1)  # 0.1 per 256 examples, batch 256
+  assert float(vgg(200 * 195)) < 1e-6  # cosine to zero
+  inception = configuration.load("configs/inception_v3.py")
+  lr = optim.learning_rate_schedule(inception, 100, 100 * 100)
+  assert float(lr(100)) == pytest.approx(0.045 / 2, rel=1e-5)  # 2 warm-up epochs
+  assert float(lr(200)) == float(lr(399)) == pytest.approx(0.045)
+  assert float(lr(400)) == pytest.approx(0.045 * 0.94)  # x0.94 every 2 epochs after it
 
 
 def test_a_file_without_get_config_is_not_a_config():

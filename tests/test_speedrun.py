@@ -81,12 +81,15 @@ def test_a_resumed_run_takes_its_data_computed_parameters_from_the_checkpoint(
 ):
   config = configuration.load(SMOKE)
   config.num_train_steps, config.log_every_steps = 2, 1
+  config.eval_every_steps = 1  # as the full config's every 25: the first view, mid-run
   assert train_and_evaluate(config, str(tmp_path))["init_from_data_sec"] > 0  # timed apart
   monkeypatch.setattr(speedrun, "init_from_data", lambda *a: pytest.fail("computed again"))
   config.num_train_steps = 3
   train_and_evaluate(config, str(tmp_path))  # resumes at step 2
   records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-  assert records[-1]["step"] == 3
+  evals = [r for r in records if "eval_accuracy" in r]
+  assert [r["step"] for r in evals] == [1, 2, 3]
+  assert [("eval_accuracy_first_view" in r) for r in evals] == [False, True, True]  # TTA: final
 
 
 def _groups_config(**groups):

@@ -162,9 +162,14 @@ def test_a_profile_window_before_the_resumed_step_or_past_the_last_is_an_error(t
   assert not (tmp_path / "new").exists()
 
 
-def test_streamed_data_needs_a_pipeline_that_starts_with_a_window_op(tmp_path):
+@pytest.mark.parametrize(
+  "placement",
+  [dict(data_placement="streamed"), dict(data_placement="auto", resident_max_gb=1e-6)],
+  ids=["streamed", "auto-over-the-limit"],
+)
+def test_streamed_data_needs_a_pipeline_that_starts_with_a_window_op(placement, tmp_path):
   config = configuration.load(SMOKE)  # crop(4)|flip_lr|standardize: it would see the padding
-  config.update(dataset="folder", data_dir="tests/data/cifar10_slice", data_placement="streamed")
+  config.update(dataset="folder", data_dir="tests/data/cifar10_slice", **placement)
   with pytest.raises(UserError, match="augment='crop.*must start with a window op"):
     train_and_evaluate(config, str(tmp_path / "run"))
   assert not (tmp_path / "run").exists()
