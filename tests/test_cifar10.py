@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from research.data import cifar10
+from research import configuration
+from research.data import cifar10, load
 from research.errors import UserError
 
 
@@ -73,6 +74,21 @@ def test_download_failure_is_reported_as_not_available(tmp_path, monkeypatch):
   with pytest.raises(cifar10.NotAvailable, match="download failed"):
     cifar10.load_cached()
   assert not list(tmp_path.iterdir())  # no partial file left behind
+
+
+def test_without_cifar10_the_default_config_trains_on_synthetic_data_and_says_why(
+  tmp_path, monkeypatch
+):
+  monkeypatch.setattr(cifar10, "CACHE", tmp_path / "cache")
+  monkeypatch.setattr(cifar10, "URL", "file:///nonexistent/cifar-10-python.tar.gz")
+  monkeypatch.setenv("HOME", str(tmp_path))  # no ~/tensorflow_datasets either
+  config = configuration.load("configs/cifar_vgg.py")  # dataset=cifar10, data_fallback=True
+  data = load.load_in_memory(config)
+  assert data.name == "synthetic" and len(data.train_labels) == 50_000
+  assert "download failed" in data.fallback_reason
+  assert (
+    "To train on CIFAR-10:" in data.fallback_reason and "--config.data_dir" in data.fallback_reason
+  )
 
 
 def _tfrecord_preparation(root):

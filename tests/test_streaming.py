@@ -43,9 +43,10 @@ def test_mock_imagenet_batches_are_fixed_size_uint8_and_land_sharded_on_devices(
   assert len(on_devices["image"].sharding.device_set) == 8
 
 
-def test_eval_stream_covers_the_split_once_with_padding_masked():
+@pytest.mark.parametrize("name", ["imagenet2012", "imagenette"])  # inception_v3, :imagenette
+def test_eval_stream_covers_the_split_once_with_padding_masked(name):
   with tfds.testing.mock_data(num_examples=21):
-    source = streaming.TfdsImages(streaming.open_source("imagenet2012", "validation", ""), 32)
+    source = streaming.TfdsImages(streaming.open_source(name, streaming.EVAL_SPLIT[name], ""), 32)
     batches = list(streaming.eval_batches(source, per_process_batch=8, workers=0))
   assert len(batches) == 3
   assert sum(b["mask"].sum() for b in batches) == 21
