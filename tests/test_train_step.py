@@ -33,7 +33,7 @@ def _as_given(step, batch):
   return steps.Examples(*batch)
 
 
-def _one_step(state, images_u8, labels, n_devices):
+def _one_step(state, images_u8, labels, n_devices, aux_loss_weight=0.0):
   """One pmapped step over the first `n_devices`, the global batch split evenly."""
   devices = jax.local_devices()[:n_devices]
   step = jax.pmap(
@@ -43,7 +43,7 @@ def _one_step(state, images_u8, labels, n_devices):
       augment=augment.build("standardize"),  # deterministic, so both runs see the same pixels
       num_classes=10,
       label_smoothing=0.0,
-      aux_loss_weight=0.0,
+      aux_loss_weight=aux_loss_weight,
     ),
     axis_name=AXIS,
     devices=devices,
@@ -78,6 +78,30 @@ def test_one_step_on_8_devices_equals_one_step_on_1(batch, optimizer):
     jax.tree.leaves(eight.batch_stats), jax.tree.leaves(one.batch_stats), strict=True
   ):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+class _TwoHeads(flax.linen.Module):
+  """Inception's interface: in training, (logits, auxiliary logits) from heads of their own."""
+
+  @flax.linen.compact
+  def __call__(self, x, train: bool):
+    x = x.reshape(len(x), -1)
+    logits, aux_logits = (
+      flax.linen.Dense(10, name="head")(x),
+      flax.linen.Dense(10, name="aux_head")(x),
+    )
+    return (logits, aux_logits) if train else logits
+
+
+def test_the_auxiliary_head_trains_by_its_loss_weight_and_leaves_the_main_head_alone(batch):
+  state = create_train_state(jax.random.key(0), None, _TwoHeads(), (32, 32, 3), optax.sgd(0.1))
+  off, metrics_off = _one_step(state, *batch, n_devices=8, aux_loss_weight=0.0)
+  on, metrics_on = _one_step(state, *batch, n_devices=8, aux_loss_weight=0.4)  # inception_v3's
+  unchanged = jax.tree.map(np.array_equal, off.params["aux_head"], state.params["aux_head"])
+  assert all(jax.tree.leaves(unchanged))
+  assert not np.allclose(on.params["aux_head"]["kernel"], state.params["aux_head"]["kernel"])
+  np.testing.assert_allclose(on.params["head"]["kernel"], off.params["head"]["kernel"], rtol=1e-6)
+  assert metrics_on["loss"] > metrics_off["loss"]  # the weighted auxiliary loss is added
 
 
 def test_params_changed_and_replicas_agree(batch):
