@@ -270,11 +270,11 @@ def run(args) -> int:
           break
         print(f"{part} {m.name}: {m.label}, {m.dtype} ...", flush=True)
         workdir = workdirs / f"{part}-{m.name}"
-        record = Path(args.results) / workdirs.name / f"{part}-{m.name}.json"
-        if args.again and record.exists():  # its runs are the record's: measured anew
-          record.unlink()
+        recorded = Path(args.results) / workdirs.name / f"{part}-{m.name}.json"
+        if args.again and recorded.exists():  # its runs are the record's: measured anew
+          recorded.unlink()
           shutil.rmtree(workdir, ignore_errors=True)
-          print(f"  --again: removed {record} (git has it) and its runs in {workdir}", flush=True)
+          print(f"  --again: removed {recorded} (git has it) and its runs in {workdir}", flush=True)
         if part == "throughput":
           records = measure.throughput(m, device)
         elif m.peer == "airbench":
