@@ -78,14 +78,15 @@ def _config(steps: int):
   return config
 
 
-def _final_params(workdir, config):
+def _params(workdir, config, step: int):
+  """The parameters of the workdir's latest checkpoint, which is of `step`."""
   model = models.create(config.model, AXIS)
   tx = optim.create_optimizer(config, 16, config.num_train_steps)
   template = create_train_state(jax.random.key(0), config, model, (32, 32, 3), tx)
   ckpts = checkpoint.Checkpoints(workdir, config)
   state = ckpts.restore_latest(template)
   ckpts.close()
-  assert int(state.step) == config.num_train_steps
+  assert int(state.step) == step
   return state.params
 
 
@@ -179,13 +180,18 @@ def test_sigterm_to_one_process_stops_both_and_the_resumed_pair_steps_as_one_pro
   assert steps == sorted(set(steps)) and steps[-1] == end, steps
 
   config = _config(end)
+  start = _params(one, config, stopped[0])
   train_and_evaluate(config, str(one))
-  for a, b in zip(
-    jax.tree.leaves(_final_params(two, config)),
-    jax.tree.leaves(_final_params(one, config)),
+  # gloo sums across the processes in another order than one process across its devices; the
+  # lower layers grow that rounding to up to 3 % of what the 2 steps moved them (AMD EPYC VM).
+  # Another seed for the pair's data and augmentation differs by 70 % of it.
+  for a, b, s in zip(
+    jax.tree.leaves(_params(two, config, end)),
+    jax.tree.leaves(_params(one, config, end)),
+    jax.tree.leaves(start),
     strict=True,
   ):
-    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    assert np.abs(a - b).max() <= 0.1 * np.abs(b - s).max()
 
 
 def test_processes_given_different_configs_stop_before_anything_is_written(tmp_path):
