@@ -189,7 +189,7 @@ def _rough_minutes(m: Measurement, scale: str, machine: Path) -> str:
   if m.part != "main" or scale == "tiny":
     return f"~{ROUGH_MINUTES[scale][m.part]:g} min"
   stem = m.name.split("-")[0]
-  measured = machine / f"throughput-{stem}-{m.dtype}.json"
+  measured = results.record_path(machine, "throughput", f"{stem}-{m.dtype}")
   if not measured.exists():
     return f"no time estimate: no throughput record of {stem}, {m.dtype} on this machine"
   config = m.config_dict()
@@ -223,7 +223,7 @@ def _prepare(args):
     )
   trains = lambda m: m.part == "main" or m.peer == "airbench"  # on the real CIFAR-10
   data = image_folder(args.data) if any(map(trains, chosen)) else None
-  recorded = lambda m: (machine_dir / f"{m.part}-{m.name}.json").exists()
+  recorded = lambda m: results.record_path(machine_dir, m.part, m.name).exists()
   todo = [m for m in chosen if (args.again or not recorded(m))]
   todo = [m for m in todo if not (trains(m) and data is None)]
   print(f"report on {results.hardware({'device': device})} ({scale} sizes) into {machine_dir}")
@@ -270,7 +270,7 @@ def run(args) -> int:
           break
         print(f"{part} {m.name}: {m.label}, {m.dtype} ...", flush=True)
         workdir = workdirs / f"{part}-{m.name}"
-        recorded = Path(args.results) / workdirs.name / f"{part}-{m.name}.json"
+        recorded = results.record_path(Path(args.results) / workdirs.name, part, m.name)
         if args.again and recorded.exists():  # its runs are the record's: measured anew
           recorded.unlink()
           shutil.rmtree(workdir, ignore_errors=True)

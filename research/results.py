@@ -26,8 +26,13 @@ def load(results: Path = RESULTS) -> list[dict]:
   return sorted(records, key=lambda r: (r["part"], r["name"], r["machine"]))
 
 
+def record_path(machine_dir: Path, part: str, name: str) -> Path:
+  """Where a machine's record of measurement `name` of `part` lives."""
+  return Path(machine_dir) / f"{part}-{name}.json"
+
+
 def write(record: dict, results: Path = RESULTS) -> Path:
-  path = Path(results) / record["machine"] / f"{record['part']}-{record['name']}.json"
+  path = record_path(Path(results) / record["machine"], record["part"], record["name"])
   path.parent.mkdir(parents=True, exist_ok=True)
   path.write_text(json.dumps(record, indent=2) + "\n")
   return path
