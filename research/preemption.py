@@ -49,8 +49,14 @@ class Preemption:
     os.set_blocking(self._write, False)  # the C-level handler must never block
     self._previous_wakeup = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
     # A Python handler that does nothing: the watcher acts; without one SIGINT would raise
-    # KeyboardInterrupt in the main thread.
-    self._previous = {s: signal.signal(s, lambda *_: None) for s in self.SIGNALS}
+    # KeyboardInterrupt in the main thread. A signal the process started with ignored stays
+    # ignored (a script's background job starts with SIGINT ignored, so that the terminal's
+    # Ctrl-C leaves it running), as Python itself keeps it before this.
+    self._previous = {s: signal.getsignal(s) for s in self.SIGNALS}
+    self.ignored = tuple(s for s in self.SIGNALS if self._previous[s] == signal.SIG_IGN)
+    for s in self.SIGNALS:
+      if s not in self.ignored:
+        signal.signal(s, lambda *_: None)
     self._watcher = threading.Thread(target=self._watch, name="preemption", daemon=True)
     self._watcher.start()
     # From here the signals reach the watcher's thread only: threads started from now on, and
@@ -88,7 +94,8 @@ class Preemption:
   def __exit__(self, *exc):
     signal.pthread_sigmask(signal.SIG_SETMASK, self._mask)
     for s, handler in self._previous.items():
-      signal.signal(s, handler)
+      if handler is not None:  # None: set outside Python, which Python cannot set back
+        signal.signal(s, handler)
     signal.set_wakeup_fd(self._previous_wakeup)
     os.write(self._write, b"\0")
     self._watcher.join()

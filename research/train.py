@@ -13,6 +13,7 @@ import importlib.metadata
 import itertools
 import json
 import re
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -347,6 +348,11 @@ def train_and_evaluate(
   # The signal handlers stay until the last checkpoint is on disk: a second Ctrl-C while it is
   # written aborts at once.
   with Preemption(every=config.log_every_steps) as preemption:
+    if is_main and signal.SIGINT in preemption.ignored:
+      echo(
+        "note: this run started with SIGINT ignored (a script's background job): Ctrl-C "
+        "does not stop it, SIGTERM does (docs/long_runs.md)"
+      )
     try:
       clock, in_flight = Clock(), []  # in flight: metrics of steps not yet logged
       for step in range(start_step + 1, num_steps + 1):

@@ -1,6 +1,7 @@
 """Tests run on CPU with 8 fake XLA devices, set before JAX initialises."""
 
 import os
+import signal
 
 # The suite checks values, not speed: XLA's backend (LLVM) optimizations off halves compile
 # times, most of the suite's time; the steps run slower, and there are few of them.
@@ -17,6 +18,13 @@ os.environ.setdefault(
 )
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+# The runs the suite starts take Ctrl-C as a terminal's foreground job does. A suite started
+# as a script's background job (`./launch.sh test &`) inherits SIGINT ignored, and so would
+# every run it starts, since exec keeps an ignored signal ignored (and research/preemption.py
+# keeps it so): the tests that send a run SIGINT would see it ignored. Caught here, it is back
+# at its default in every process started from here on.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 from research import host_memory  # noqa: E402
 

@@ -3,6 +3,7 @@ checkpoints, NaN stops, TensorBoard output."""
 
 import json
 import random
+import shlex
 import shutil
 import signal
 import struct
@@ -210,6 +211,30 @@ def test_a_second_ctrl_c_aborts_at_once(tmp_path):
   assert result.returncode == 130, result.stderr
   assert result.stdout == "stop after step 1: True True\n"
   assert "Ctrl-C again to abort now" in result.stderr and "second Ctrl-C: aborting" in result.stderr
+
+
+def test_a_run_started_with_sigint_ignored_keeps_ignoring_it_and_stops_on_sigterm():
+  """A script's background job (bash without job control) starts with SIGINT ignored, so that
+  the terminal's Ctrl-C leaves it running: the run keeps it ignored; SIGTERM still stops it."""
+  script = (
+    "import os, signal, time\n"
+    "from research.preemption import Preemption\n"
+    "with Preemption(every=1) as p:\n"
+    "  os.kill(os.getpid(), signal.SIGINT)\n"
+    "  os.kill(os.getpid(), signal.SIGTERM)\n"
+    "  deadline = time.monotonic() + 30\n"  # until the watcher thread has recorded it
+    "  while p.signal is None and time.monotonic() < deadline:\n"
+    "    time.sleep(0.01)\n"
+    "  print(signal.Signals(p.signal).name, [signal.Signals(s).name for s in p.ignored])\n"
+    "print(signal.getsignal(signal.SIGINT) == signal.SIG_IGN)\n"
+  )
+  in_background = f"{shlex.quote(sys.executable)} -c {shlex.quote(script)} & wait"
+  result = subprocess.run(
+    ["bash", "-c", in_background], capture_output=True, text=True, timeout=120, cwd=Path.cwd()
+  )
+  assert result.returncode == 0, result.stderr
+  assert result.stdout == "SIGTERM ['SIGINT']\nTrue\n"
+  assert "Ctrl-C" not in result.stderr and "SIGTERM: finishing this step" in result.stderr
 
 
 def test_checkpoint_from_8_devices_restores_the_same_state_on_1(uninterrupted_workdir, tmp_path):
