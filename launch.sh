@@ -6,8 +6,10 @@
 # ./launch.sh setup [--gpu|--cpu]                   install .venv now (--gpu: for a GPU node)
 # ./launch.sh wheelhouse [--gpu] [--python-version X.Y] [NAME ...]   wheels for offline hosts
 # ./launch.sh lock                                  re-resolve the pinned versions (requirements/)
+# ./launch.sh rehearse                              a lent GPU host's start (JAX 0.11.2), on CPU
 #
-# On first use this creates .venv and installs the project from pyproject.toml with the exact
+# On first use this creates .venv from PYTHON=/path/to/python, else from the newest Python 3.13
+# or 3.12 on the PATH or under pyenv, and installs the project with the exact
 # versions in requirements/cpu.lock, or requirements/cuda12.lock (the cuda12 extra) when
 # `nvidia-smi` finds a GPU or `setup --gpu` asked for it; later runs reuse it and start in
 # seconds. A .venv that holds the GPU set is kept on machines without a GPU (JAX runs on CPU).
@@ -17,11 +19,54 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-PYTHON=${PYTHON:-python3}
 VENV=${RESEARCH_VENV:-.venv}
+PYTHONS=(3.13 3.12)  # the versions the locks are tested on, newest first (JAX needs >= 3.12)
+
+python_version() {  # $1: a program; prints its Python's X.Y, or nothing where it does not run
+  "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true
+}
+
+find_python() {  # $@: versions X.Y, in order of preference; prints the first found, or nothing
+  local version candidate
+  for version in "$@"; do  # on the PATH (a pyenv shim runs only where enabled), then pyenv
+    for candidate in "python$version" \
+        $(ls -d "${PYENV_ROOT:-$HOME/.pyenv}/versions/$version".*/bin/python 2>/dev/null | sort -rV); do
+      if [[ $(python_version "$candidate") == "$version" ]]; then
+        echo "$candidate"
+        return
+      fi
+    done
+  done
+}
+
+no_python() {  # $@: the versions looked for; the error line, and exit
+  local versions
+  versions=$(printf ' or %s' "$@")
+  echo "error: found no Python ${versions# or } (python$1 on the PATH, or under pyenv); install" \
+    "one (pyenv install $1, or the system's python$1 and python$1-venv packages) or name it" \
+    "with PYTHON=/path/to/python (the locked JAX needs Python >= 3.12)" >&2
+  exit 2
+}
+
+base_python() {  # sets PYTHON: PYTHON= as given, else the newest of PYTHONS found, else error
+  local version
+  if [[ -n ${PYTHON:-} ]]; then
+    version=$(python_version "$PYTHON")
+    if [[ -z $version ]] || { [[ ${version%%.*} -eq 3 ]] && [[ ${version#*.} -lt 12 ]]; }; then
+      [[ -n $version ]] && version="is Python $version" || version="does not run"
+      echo "error: PYTHON=$PYTHON $version;" \
+        "the locked JAX needs Python >= 3.12: name one with PYTHON=/path/to/python3.13, or" \
+        "leave PYTHON unset to take the newest found" >&2
+      exit 2
+    fi
+    return
+  fi
+  PYTHON=$(find_python "${PYTHONS[@]}")
+  [[ -n $PYTHON ]] || no_python "${PYTHONS[@]}"
+}
 
 usage() {  # $1: the exit code (0 when help was asked for)
-  sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
   exit "$1"
 }
 
@@ -36,7 +81,13 @@ stamp_for() {  # $1: extras; names what is installed: the project, its lock and 
 setup_venv() {  # $1: the extras to install, e.g. "test" or "test,cuda12"
   local extras=$1 lock
   lock=$(lock_for "$extras")
+  local version
+  version=$(python_version "$VENV/bin/python")
+  if [[ -x $VENV/bin/python && ( -z $version || ${version#*.} -lt 12 ) ]]; then
+    rm -rf "$VENV"  # made by an older launch.sh from a Python the lock cannot serve
+  fi
   [[ -f $(stamp_for "$extras") ]] && return
+  base_python
   if [[ $extras != *cuda12* ]] && compgen -G "$VENV/.installed-*cuda12" >/dev/null; then
     rm -rf "$VENV"  # from the GPU set to the CPU one: a fresh venv, no CUDA plugin left over
   fi
@@ -77,6 +128,7 @@ fi
 
 if [[ $1 == lock ]]; then
   # The newest versions pyproject.toml allows, resolved in a scratch venv; run the suite after.
+  base_python
   scratch=$(mktemp -d)
   trap 'rm -rf "$scratch"' EXIT
   "$PYTHON" -m venv "$scratch/venv"
@@ -127,6 +179,7 @@ if [[ $1 == wheelhouse ]]; then
     esac
     shift
   done
+  base_python
   target=()
   if [[ -n $pyver ]]; then  # another interpreter: binary wheels for manylinux x86-64 only
     target=(--only-binary=:all: --python-version "$pyver" --implementation cp)
@@ -149,6 +202,41 @@ if [[ $1 == wheelhouse ]]; then
     "$PYTHON" -m pip download "${target[@]}" --no-deps -d "$dest" "${pins[@]}"
   fi
   echo "wrote $dest/; install offline with: python -m pip install --no-index --find-links=$dest NAME ..."
+  exit 0
+fi
+
+if [[ $1 == rehearse ]]; then
+  # A lent GPU host's start, rehearsed on this CPU: a Python 3.12 with the hosts' site JAX
+  # 0.11.2 and the flax, optax and orbax pip resolves with it (made once, kept in
+  # .rehearsal/host), the wheels docs/gpu_hosts.md says to carry, installed as it says, then
+  # its commands on 8 fake devices.
+  [[ $# -eq 1 ]] || { echo "error: rehearse takes no arguments, not '${*:2}'" >&2; exit 2; }
+  rehearsal=${RESEARCH_REHEARSAL:-.rehearsal}
+  host=$rehearsal/host/bin/python
+  if [[ ! -f $rehearsal/host/.made ]]; then
+    py=$(find_python 3.12)
+    [[ -n $py ]] || no_python 3.12
+    rm -rf "$rehearsal"
+    echo "making $rehearsal: Python 3.12 with JAX 0.11.2, as on the lent GPU hosts; once ..." >&2
+    "$py" -m venv "$rehearsal/host"
+    # The site packages of the hosts that the project or the carried wheels import.
+    "$host" -m pip install -q jax==0.11.2 jaxlib==0.11.2 flax optax orbax-checkpoint numpy \
+      pillow tqdm matplotlib scipy absl-py cloudpickle etils psutil protobuf pyyaml
+    "$0" wheelhouse --python-version 3.12 --dest "$rehearsal/wheelhouse" \
+      ml-collections tensorboardX grain array-record portpicker
+    touch "$rehearsal/host/.made"
+  fi
+  rm -rf "$rehearsal/site" "$rehearsal/runs"
+  set -x  # from here, what docs/gpu_hosts.md has a host run
+  "$host" -m pip install -q --no-index --no-deps --target "$rehearsal/site" \
+    "$rehearsal"/wheelhouse/*.whl
+  export PYTHONPATH=$rehearsal/site RESEARCH_PYTHON=$host
+  export JAX_PLATFORMS=cpu XLA_FLAGS=--xla_force_host_platform_device_count=8
+  "$0" configs/cifar_vgg.py:smoke --workdir="$rehearsal/runs/vgg"
+  "$0" configs/cifar_speedrun.py:smoke --workdir="$rehearsal/runs/speedrun"
+  "$0" report --scale=tiny --workdir="$rehearsal/runs/report"
+  { set +x; } 2>/dev/null
+  echo "rehearsed: $("$host" -c 'import jax, sys; print(f"JAX {jax.__version__}, Python {sys.version.split()[0]}")'), 8 fake CPU devices: VGG and the speedrun :smoke, the report at --scale=tiny"
   exit 0
 fi
 

@@ -63,10 +63,75 @@ def test_a_resident_run_needs_neither_grain_nor_tensorflow_datasets_and_a_stream
 
 
 FAKE_PYTHON = """#!/usr/bin/env bash
-# Records how it was called; "-m venv DIR" makes DIR/bin/python a copy of this script.
+# A stand-in Python VERSION: answers launch.sh's version probe (-c) and records its other calls;
+# "-m venv DIR" makes DIR/bin/python a copy of this script.
+if [[ $1 == -c ]]; then echo VERSION; exit 0; fi
 echo "$*" >>"$FAKE_LOG"
 if [[ $1 == -m && $2 == venv ]]; then mkdir -p "$3/bin" && cp "$0" "$3/bin/python"; fi
 """
+
+
+def _fake_python(path: Path, version: str = "3.13") -> Path:
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(FAKE_PYTHON.replace("VERSION", version))
+  path.chmod(0o755)
+  return path
+
+
+def _set_up(tmp_path, **env) -> subprocess.CompletedProcess:
+  """`./launch.sh setup --cpu` on a PATH with no Python 3.12+ of its own (only the system's
+  3.11), and a pyenv root of stand-ins (PYENV_ROOT, with versions/X.Y.Z/bin/python)."""
+  environ = {
+    **{k: v for k, v in os.environ.items() if k not in ("PYTHON", "RESEARCH_PYTHON")},
+    "PATH": "/usr/bin:/bin",
+    "PYENV_ROOT": str(tmp_path / "pyenv"),
+    "RESEARCH_VENV": str(tmp_path / "venv"),
+    "FAKE_LOG": str(tmp_path / "calls.log"),
+    **env,
+  }
+  return subprocess.run(
+    [str(ROOT / "launch.sh"), "setup", "--cpu"], capture_output=True, text=True, env=environ
+  )
+
+
+def test_the_venv_is_made_from_the_newest_python_3_12_or_later_found_under_pyenv(tmp_path):
+  for version in ("3.11.7", "3.12.1", "3.13.0"):
+    _fake_python(tmp_path / "pyenv" / "versions" / version / "bin" / "python", version[:4])
+  result = _set_up(tmp_path)
+  assert result.returncode == 0, result.stderr
+  calls = (tmp_path / "calls.log").read_text().splitlines()
+  assert calls[0] == f"-m venv {tmp_path / 'venv'}", calls
+  # The venv's python is a copy of the one that made it.
+  assert (tmp_path / "venv" / "bin" / "python").read_text().count("echo 3.13") == 1
+
+
+def test_no_python_3_12_or_later_is_one_error_line_and_nothing_is_made(tmp_path):
+  _fake_python(tmp_path / "pyenv" / "versions" / "3.11.7" / "bin" / "python", "3.11")
+  result = _set_up(tmp_path)
+  assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+  assert result.stderr.startswith("error: found no Python 3.13 or 3.12 (python3.13 on the PATH")
+  assert not (tmp_path / "venv").exists()
+
+
+def test_python_older_than_3_12_named_by_PYTHON_is_one_error_line(tmp_path):  # noqa: N802
+  old = _fake_python(tmp_path / "bin" / "python3.11", "3.11")
+  result = _set_up(tmp_path, PYTHON=str(old))
+  assert result.returncode == 2, result.stderr
+  assert result.stderr == (
+    f"error: PYTHON={old} is Python 3.11; the locked JAX needs Python >= 3.12: name one with "
+    "PYTHON=/path/to/python3.13, or leave PYTHON unset to take the newest found\n"
+  )
+  assert not (tmp_path / "venv").exists()
+
+
+def test_a_venv_of_a_python_older_than_3_12_is_made_anew(tmp_path):
+  _fake_python(tmp_path / "venv" / "bin" / "python", "3.11")  # an older launch.sh's .venv
+  (tmp_path / "venv" / "left-over").write_text("")
+  _fake_python(tmp_path / "pyenv" / "versions" / "3.12.1" / "bin" / "python", "3.12")
+  result = _set_up(tmp_path)
+  assert result.returncode == 0, result.stderr
+  assert not (tmp_path / "venv" / "left-over").exists()
+  assert "echo 3.12" in (tmp_path / "venv" / "bin" / "python").read_text()
 
 
 @pytest.fixture
@@ -74,7 +139,7 @@ def machine(tmp_path):
   """Runs launch.sh with a stand-in Python that records its calls, with or without a GPU."""
   fake = tmp_path / "bin"
   fake.mkdir()
-  (fake / "python").write_text(FAKE_PYTHON)
+  _fake_python(fake / "python")
   (fake / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 80GB HBM3'\n")
   for program in fake.iterdir():
     program.chmod(0o755)
