@@ -49,9 +49,3 @@ def test_the_fork_recipe_copied_verbatim_passes_ruff_and_the_config_tests(tmp_pa
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
   # It loads, has :smoke, trains, and its two documented commands pass the checks.
   assert re.search(r"\b5 passed\b", result.stdout), result.stdout[-2000:]
-
-
-def test_the_readme_reads_in_one_sitting_and_opens_with_the_results():
-  lines = README.splitlines()
-  assert len(lines) <= 250
-  assert lines.index("## Results") < 30
