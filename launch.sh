@@ -207,9 +207,8 @@ fi
 
 if [[ $1 == rehearse ]]; then
   # A lent GPU host's start, rehearsed on this CPU: a Python 3.12 with the hosts' site JAX
-  # 0.11.2 and the flax, optax and orbax pip resolves with it (made once, kept in
-  # .rehearsal/host), the wheels docs/gpu_hosts.md says to carry, installed as it says, then
-  # its commands on 8 fake devices.
+  # 0.11.2, flax and optax (made once, kept in .rehearsal/host), the wheels
+  # docs/gpu_hosts.md says to carry, installed as it says, then its commands on 8 fake devices.
   [[ $# -eq 1 ]] || { echo "error: rehearse takes no arguments, not '${*:2}'" >&2; exit 2; }
   rehearsal=${RESEARCH_REHEARSAL:-.rehearsal}
   host=$rehearsal/host/bin/python
@@ -219,11 +218,14 @@ if [[ $1 == rehearse ]]; then
     rm -rf "$rehearsal"
     echo "making $rehearsal: Python 3.12 with JAX 0.11.2, as on the lent GPU hosts; once ..." >&2
     "$py" -m venv "$rehearsal/host"
-    # The site packages of the hosts that the project or the carried wheels import.
-    "$host" -m pip install -q jax==0.11.2 jaxlib==0.11.2 flax optax orbax-checkpoint numpy \
-      pillow tqdm matplotlib scipy absl-py cloudpickle etils psutil protobuf pyyaml
+    # The site packages of the hosts that the project or the carried wheels import, at the
+    # versions a run there recorded (its metadata.jsonl, 2026-11-26).
+    "$host" -m pip install -q jax==0.11.2 jaxlib==0.11.2 flax==0.12.10 optax==0.2.8 \
+      numpy==2.5.2 orbax-checkpoint==0.12.4 tensorstore==0.1.85 pillow==12.3.0 tqdm==4.70.1 \
+      matplotlib==3.11.2 scipy==1.18.1 absl-py==2.5.0 cloudpickle==3.1.2 etils==1.14.0 \
+      psutil==7.2.2 protobuf==7.36.2 pyyaml==6.0.3
     "$0" wheelhouse --python-version 3.12 --dest "$rehearsal/wheelhouse" \
-      ml-collections tensorboardX grain array-record portpicker
+      ml-collections tensorboardX grain array-record portpicker orbax-checkpoint
     touch "$rehearsal/host/.made"
   fi
   rm -rf "$rehearsal/site" "$rehearsal/runs"
