@@ -81,10 +81,12 @@ def _cpu_model() -> str:
 def _versions(extra=()) -> dict:
   names = ["jax", "jaxlib", "flax", "optax", "numpy", "orbax-checkpoint", *extra]
   found = {"python": platform.python_version()}
+  # In sys.path order: where a package is installed twice (wheels carried onto PYTHONPATH over a
+  # site's own), the first found is the one that imports.
   for dist in importlib.metadata.distributions():
     name = dist.metadata["Name"].lower()
     if name in names or name.startswith(("jax-cuda", "nvidia-cudnn")):
-      found[name] = dist.version
+      found.setdefault(name, dist.version)
   return dict(sorted(found.items()))
 
 

@@ -264,3 +264,16 @@ def test_a_damaged_data_archive_is_an_error_and_leaves_nothing_extracted(tmp_pat
 def test_a_readme_without_its_table_markers_is_an_error_line():
   with pytest.raises(UserError, match="<!-- results --> and <!-- /results --> that hold a table"):
     results.replace_between("# README\n\nno table here\n", "results", "| a |")
+
+
+def test_a_record_names_the_version_that_imports_where_a_package_is_installed_twice(
+  tmp_path, monkeypatch
+):
+  # Wheels carried onto PYTHONPATH over a site's own copy: the first on sys.path imports.
+  for folder, version in (("carried", "9.9.9"), ("site", "0.0.1")):
+    info = tmp_path / folder / f"optax-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: optax\nVersion: {version}\n")
+  monkeypatch.syspath_prepend(str(tmp_path / "site"))
+  monkeypatch.syspath_prepend(str(tmp_path / "carried"))
+  assert measure._versions()["optax"] == "9.9.9"
