@@ -22,7 +22,10 @@ def training_defaults() -> ml_collections.ConfigDict:
   c.data_placement = "auto"  # folder: "resident" (on the devices), "streamed", or "auto":
   c.resident_max_gb = 4.0  # ... resident when the decoded train split is at most this size
   c.skip_bad_images = False  # True: skip undecodable files (counted in metadata.jsonl)
-  c.host_image_size = 32  # streamed: pixels of the longer side after host resize (padded square)
+  # Image folders' pixels per side: resident, every image is brought to this square (shorter
+  # side resized, center cropped; one of this size is kept as it is); streamed, its longer
+  # side is resized to this (aspect kept, edge-padded to the square).
+  c.host_image_size = 32
   c.data_workers = 2  # streamed: host decode processes (grain); 0 = in the training process
   c.prefetch = 2  # streamed: batches in flight to the devices while a step runs
   # CPU: keep the memory a step frees for the next step instead of giving it back to the

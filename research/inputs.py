@@ -48,7 +48,9 @@ class Inputs:
   compile_evals: Callable[[object, tuple], None] | None = None
   # n -> n training images, uint8: a random sample fixed by the seed, the same every call
   first_images: Callable[[int], np.ndarray] | None = None
-  skipped_images: Callable[[], int] = lambda: 0  # undecodable files skipped so far
+  skipped_files: Callable[[], list[str]] = lambda: []  # undecodable files skipped so far
+  passed_over: tuple = ()  # image folders: hidden files and non-images, relative paths
+  summary: str = ""  # image folders: what was found and left out, in one line
 
 
 def make(config, *, per_device_batch, augment, preprocess, shuffle_key, step_key) -> Inputs:
@@ -59,7 +61,7 @@ def make(config, *, per_device_batch, augment, preprocess, shuffle_key, step_key
     check_num_classes(str(scanned.root), len(scanned.classes), config.model.num_classes)
   placement = config.data_placement  # folder only; tfds datasets always stream
   if scanned is not None and placement == "auto":
-    fits = folder.fits_on_devices(scanned, config.resident_max_gb)
+    fits = folder.fits_on_devices(scanned, config.resident_max_gb, config.host_image_size)
     placement = "resident" if fits else "streamed"
   if config.dataset in STREAMED or (scanned is not None and placement == "streamed"):
     for field, pipeline in (("augment", augment), ("eval_preprocess", preprocess)):
@@ -70,11 +72,15 @@ def make(config, *, per_device_batch, augment, preprocess, shuffle_key, step_key
           "only each image's valid part"
         )
     return streamed(config, per_device_batch, preprocess, step_key, scanned)
-  if scanned is not None:
-    data = folder.load_resident(scanned, config.skip_bad_images)
-  else:
-    data = load_in_memory(config)
-  return resident(config, data, per_device_batch, preprocess, shuffle_key, step_key)
+  if scanned is None:
+    return resident(
+      config, load_in_memory(config), per_device_batch, preprocess, shuffle_key, step_key
+    )
+  size = config.host_image_size
+  data = folder.load_resident(scanned, config.skip_bad_images, size)
+  inputs = resident(config, data, per_device_batch, preprocess, shuffle_key, step_key)
+  summary = folder.summary(scanned, len(data.skipped_files), data.resized, size)
+  return dataclasses.replace(inputs, passed_over=tuple(scanned.passed_over), summary=summary)
 
 
 def eval_pipelines(preprocess) -> dict:
@@ -204,7 +210,7 @@ def resident(
     evaluate=lambda rstate, all_views=True: first_replica(p_evals[all_views](rstate, test_shard)),
     compile_evals=compile_evals,
     first_images=lambda n: data.train_images[rows[:n]],
-    skipped_images=lambda: len(data.skipped_files),
+    skipped_files=lambda: list(data.skipped_files),
   )
 
 
@@ -270,14 +276,25 @@ def streamed(config, per_device_batch: int, preprocess, step_key, scanned=None) 
   per_process = per_device_batch * n_local
   shard_size = check_shard(config, len(train_source), n_devices, per_device_batch)
   train_ds = streaming.process_share(train_source, share, seed=config.seed)
-  skipped = [0]  # undecodable files passed over so far (skip_bad_images), counted on the host
+  skipped = {}  # undecodable files passed over so far (skip_bad_images), each said once
 
-  def count_skipped(batch):
-    skipped[0] += int(batch["skipped"].sum())
+  def note_skipped(split):
+    """A batch's files passed over: an item of record `index` that passed over `n` files
+    stands for the file `n` records after its own (folder.FileImages)."""
+
+    def note(batch):
+      for index, n in zip(batch["index"], batch["skipped"], strict=True):
+        for k in range(1, int(n) + 1):
+          path = str(scanned.root / split.paths[(index - k) % len(split.paths)].decode())
+          if path not in skipped:
+            skipped[path] = None
+            print(f"warning: skipped {path}, which cannot be decoded (skip_bad_images)", flush=True)
+
+    return note if scanned is not None else None
 
   def batches(start_step):
     stream = streaming.batch_stream(train_ds, per_process, start_step, config.data_workers)
-    return prefetch_to_devices(stream, config.prefetch, count_skipped)
+    return prefetch_to_devices(stream, config.prefetch, note_skipped(scanned and scanned.train))
 
   eval_per_process = config.eval_batch_size // share[1]
   pipelines = eval_pipelines(preprocess)
@@ -289,7 +306,9 @@ def streamed(config, per_device_batch: int, preprocess, step_key, scanned=None) 
   def evaluate(rstate, all_views=True):
     totals = replicate(jax.device_get(steps.zero_totals(pipelines[all_views])))  # on device
     stream = streaming.eval_batches(eval_source, eval_per_process, config.data_workers, share)
-    for batch in prefetch_to_devices(stream, config.prefetch, count_skipped):
+    for batch in prefetch_to_devices(
+      stream, config.prefetch, note_skipped(scanned and scanned.eval)
+    ):
       totals = p_evals[all_views](rstate, batch, totals)
     return first_replica(totals)
 
@@ -305,5 +324,7 @@ def streamed(config, per_device_batch: int, preprocess, step_key, scanned=None) 
     batches=batches,
     gather=functools.partial(streamed_gather, step_key=step_key, steps_per_epoch=steps_per_epoch),
     evaluate=evaluate,
-    skipped_images=lambda: skipped[0],
+    skipped_files=lambda: list(skipped),
+    passed_over=tuple(scanned.passed_over) if scanned else (),
+    summary=folder.summary(scanned, None) if scanned else "",
   )

@@ -305,7 +305,7 @@ def airbench(m: Measurement, device: dict, workdir: Path, budget_end: float, dat
 
   theirs_path = workdir / "airbench.json"  # a finished part is kept when the budget stops ours
   if not theirs_path.exists():
-    dataset = folder.load_resident(folder.scan(str(data)), skip_bad=False)
+    dataset = folder.load_resident(folder.scan(str(data)), skip_bad=False, size=32)  # CIFAR
     workdir.mkdir(parents=True, exist_ok=True)
     pixels = workdir / "pixels.npz"
     np.savez(

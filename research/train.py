@@ -149,7 +149,8 @@ def _write_metadata(workdir: Path, config, training: Training) -> None:
     "dataset_used": training.inputs.name,
     "dataset_source": training.inputs.source,
     "fallback_reason": training.inputs.fallback_reason,
-    "skipped_images": training.inputs.skipped_images(),  # undecodable files skipped
+    "skipped_images": len(training.inputs.skipped_files()),  # undecodable files skipped
+    "passed_over_files": len(training.inputs.passed_over),  # image folders: non-images
     "packages": dict(sorted(packages.items())),  # installed versions
   }
   with open(workdir / "metadata.jsonl", "a") as f:  # one record per launch (resumes append)
@@ -263,6 +264,8 @@ def train_and_evaluate(
     before = _last_device_count(workdir) if start_step else None
     _write_metadata(workdir, config, training)
     _describe(config, training, state, echo)
+    if inputs.summary:
+      echo(inputs.summary + _list_left_out(workdir, inputs))
     if start_step:
       echo(f"resumed from the checkpoint at step {start_step}")
     if before and before != jax.device_count():
@@ -272,7 +275,7 @@ def train_and_evaluate(
         f"from here on are not those {before} devices would draw (docs/long_runs.md)"
       )
   rstate = replicate(state)
-  skipped_at_start = inputs.skipped_images()
+  skipped_at_start = len(inputs.skipped_files())
 
   def evaluate(step, rstate, all_views=True, **extra):
     """An eval record; periodic evals (all_views=False) use the eval's first view only."""
@@ -386,8 +389,25 @@ def train_and_evaluate(
         cleanup.callback(checkpoints.close)
         cleanup.callback(bar.close)
         cleanup.callback(getattr(stream, "close", lambda: None))
-  if skipped_at_start != inputs.skipped_images() and is_main:  # streamed: counted as read
-    echo(f"skipped {inputs.skipped_images()} reads of undecodable files (skip_bad_images)")
+  skipped = len(inputs.skipped_files())
+  if skipped != skipped_at_start and is_main:  # streamed: found as the files are read
+    echo(
+      f"skipped {skipped:,} undecodable files (skip_bad_images){_list_left_out(workdir, inputs)}"
+    )
     with open(workdir / "metadata.jsonl", "a") as f:
-      f.write(json.dumps({"time": time.time(), "skipped_images": inputs.skipped_images()}) + "\n")
+      f.write(json.dumps({"time": time.time(), "skipped_images": skipped}) + "\n")
   return final
+
+
+LEFT_OUT = "data_left_out.txt"
+
+
+def _list_left_out(workdir: Path, inputs: Inputs) -> str:
+  """Writes the files of an image folder that the run left out to WORKDIR/data_left_out.txt,
+  one a line with why ("undecodable" or "passed over"); says where, if there are any."""
+  lines = [f"undecodable\t{p}" for p in inputs.skipped_files()]
+  lines += [f"passed over\t{p}" for p in inputs.passed_over]
+  if not lines:
+    return ""
+  (workdir / LEFT_OUT).write_text("\n".join(lines) + "\n")
+  return f" (listed in {workdir / LEFT_OUT})"

@@ -32,6 +32,7 @@ class ImageDataset:
   num_classes: int
   fallback_reason: str = ""  # why synthetic data replaced the requested dataset, if it did
   skipped_files: list = dataclasses.field(default_factory=list)  # undecodable, skipped
+  resized: int = 0  # images brought to the dataset's one size (image folders)
 
 
 def fingerprint(*arrays: np.ndarray) -> str:

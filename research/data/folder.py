@@ -1,8 +1,10 @@
 """Image folders as datasets: `DIR/train/<class>/*` and `DIR/{val,validation,test}/<class>/*`.
 
-Class index = position of the class directory among the sorted directory names of `train`
-(as torchvision's ImageFolder); every file with an extension PIL reads counts (JPEG, PNG, …;
-grayscale, palette and CMYK images become RGB).
+Class index = position of the class directory among the sorted directory names of `train`,
+and every file with an extension PIL reads anywhere under a class directory is an example of
+it, subfolders included (as torchvision's ImageFolder). Hidden files and folders and files of
+other kinds are passed over and counted. Every image becomes uint8 RGB as a viewer shows it
+(`as_rgb`): EXIF orientation applied, 16-bit and float pixels scaled, transparency over white.
 
   - resident (CIFAR-sized): `load_resident` decodes every file once, in parallel, caches the
     uint8 arrays in the data cache (keyed by the file list, sizes and mtimes) and hands them to
@@ -13,6 +15,7 @@ grayscale, palette and CMYK images become RGB).
 """
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -21,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import tqdm
-from PIL import Image
+from PIL import ExifTags, Image
 
 from research import host_workers
 from research.data import CACHE, ImageDataset
@@ -47,29 +50,46 @@ class Folder:
   classes: list[str]  # sorted class directory names of train; label = index here
   train: Split
   eval: Split
+  passed_over: list[str]  # hidden files and folders and non-images, relative to root
 
 
 def _class_dirs(split_dir: Path) -> list[str]:
   return sorted(d.name for d in split_dir.iterdir() if d.is_dir() and not d.name.startswith("."))
 
 
-def _split(root: Path, name: str, classes: list[str], skip_bad: bool = False) -> Split:
-  """Every image file under root/name/<class>/, sorted by class then file name.
+def _files_under(directory: Path) -> tuple[list[str], list[str]]:
+  """(images, passed over) under `directory`, subfolders included, as sorted paths relative to
+  it. Hidden files and folders (a name starting with ".": .DS_Store, .ipynb_checkpoints/) and
+  files whose extension PIL does not read (Thumbs.db, notes.txt) are passed over."""
+  images, other = [], []
+  for parent, dirs, files in os.walk(directory, followlinks=True):
+    rel = Path(parent).relative_to(directory)
+    other += [f"{rel / d}/" for d in dirs if d.startswith(".")]
+    dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+    for name in files:
+      readable = not name.startswith(".") and Path(name).suffix.lower() in EXTENSIONS
+      (images if readable else other).append(str(rel / name))
+  return sorted(images), sorted(other)
+
+
+def _split(root: Path, name: str, classes: list[str], skip_bad: bool = False):
+  """Every image file under root/name/<class>/, sorted by class then path, and the files
+  passed over under root/name (loose files beside the class directories included).
 
   For the train split (`classes` are its directories), a class directory without images is
   an error, or with `skip_bad` a warning: the class keeps its index and counts in the class
   count, it just has no training examples.
   """
   paths, labels = [], []
+  passed_over = [
+    f"{name}/{e.name}" for e in os.scandir(root / name) if not e.is_dir() or e.name[0] == "."
+  ]
   for label, cls in enumerate(classes):
     class_dir = root / name / cls
     if not class_dir.is_dir():
       continue
-    files = sorted(
-      e.name
-      for e in os.scandir(class_dir)
-      if e.is_file() and not e.name.startswith(".") and Path(e.name).suffix.lower() in EXTENSIONS
-    )
+    files, other = _files_under(class_dir)
+    passed_over += [f"{name}/{cls}/{f}" for f in other]
     if not files and name == "train":
       if not skip_bad:
         raise UserError(
@@ -88,7 +108,8 @@ def _split(root: Path, name: str, classes: list[str], skip_bad: bool = False) ->
     raise UserError(
       f"{root / name} holds no image files (expected {name}/<class>/*.jpg or other files PIL reads)"
     )
-  return Split(name, np.asarray(paths, dtype=bytes), np.asarray(labels, np.int32))
+  split = Split(name, np.asarray(paths, dtype=bytes), np.asarray(labels, np.int32))
+  return split, sorted(passed_over)
 
 
 def scan(data_dir: str, skip_bad: bool = False) -> Folder:
@@ -118,26 +139,94 @@ def scan(data_dir: str, skip_bad: bool = False) -> Folder:
       f"{root / eval_name} has classes that train/ lacks: {', '.join(missing[:5])}"
       f"{' …' if len(missing) > 5 else ''}; every eval class needs a train/<class> directory"
     )
-  train = _split(root, "train", classes, skip_bad)
-  return Folder(root, classes, train, _split(root, eval_name, classes))
+  train, passed_over = _split(root, "train", classes, skip_bad)
+  test, passed_over_eval = _split(root, eval_name, classes)
+  return Folder(root, classes, train, test, passed_over + passed_over_eval)
 
 
-def read_rgb(path: str, max_side: int = 0) -> np.ndarray:
-  """Decodes one file to uint8 [h, w, 3]; with max_side, its longer side resized to max_side.
+def summary(folder: Folder, skipped: int | None, resized: int = 0, size: int = 0) -> str:
+  """What a run found in `folder` and what it left out, in one line (`skipped`: undecodable
+  files, None where they are found only as the files are read; `resized`: images brought to
+  size × size)."""
+  n_train, n_eval = len(folder.train.paths), len(folder.eval.paths)
+  line = (
+    f"{folder.root}: train {n_train:,} images in {len(folder.classes)} classes, "
+    f"{folder.eval.name} {n_eval:,}"
+  )
+  left_out = []
+  if folder.passed_over:
+    n = len(folder.passed_over)
+    left_out.append(f"passed over {n:,} non-image or hidden file{'s' if n > 1 else ''}")
+  if skipped:
+    left_out.append(f"skipped {skipped:,} undecodable")
+  if resized:
+    line += f"; {resized:,} brought to {size}×{size} (shorter side resized, center cropped)"
+  return line + (f"; {', '.join(left_out)}" if left_out else "")
+
+
+ORIENTATION = ExifTags.Base.Orientation
+# EXIF orientation -> the transpose that shows the image upright (as ImageOps.exif_transpose)
+UPRIGHT = {
+  2: Image.Transpose.FLIP_LEFT_RIGHT,
+  3: Image.Transpose.ROTATE_180,
+  4: Image.Transpose.FLIP_TOP_BOTTOM,
+  5: Image.Transpose.TRANSPOSE,
+  6: Image.Transpose.ROTATE_270,
+  7: Image.Transpose.TRANSVERSE,
+  8: Image.Transpose.ROTATE_90,
+}
+WIDE_GRAY = {"I;16": 65535, "I;16L": 65535, "I;16B": 65535, "I;16N": 65535, "I": 65535, "F": 1}
+
+
+def as_rgb(image: Image.Image) -> Image.Image:
+  """`image` as 8-bit RGB, as a viewer shows it.
+
+  16-bit grayscale (and 32-bit integer pixels, read as 16-bit) is scaled by 255 / 65535 and
+  rounded, float pixels in [0, 1] by 255; pixels outside those ranges have no sensible 8-bit
+  form, and the file counts as undecodable (ValueError). Transparency (an alpha channel, or a
+  palette's or grayscale's transparent value) is composited over white. 16-bit RGB PNGs reach
+  here as 8-bit RGB (Pillow keeps each sample's high byte); CMYK and YCbCr convert as Pillow
+  converts them; a mode Pillow cannot convert raises ValueError.
+  """
+  if image.mode in WIDE_GRAY:
+    top = WIDE_GRAY[image.mode]
+    pixels = np.asarray(image).astype(np.float64)
+    if not (np.isfinite(pixels).all() and pixels.min() >= 0 and pixels.max() <= top):
+      raise ValueError(f"mode {image.mode} pixels outside [0, {top}] have no 8-bit form")
+    gray = np.rint(pixels * (255 / top)).astype(np.uint8)
+    return Image.fromarray(np.repeat(gray[..., None], 3, axis=-1), "RGB")
+  if image.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in image.info:
+    rgba = image.convert("RGBA")
+    return Image.alpha_composite(Image.new("RGBA", rgba.size, (255,) * 4), rgba).convert("RGB")
+  return image if image.mode == "RGB" else image.convert("RGB")
+
+
+def read_rgb(path: str, max_side: int = 0, cover: int = 0) -> np.ndarray:
+  """Decodes one file to uint8 [h, w, 3] upright (`as_rgb`); with max_side, its longer side
+  resized to max_side; with cover, its shorter side resized to cover and its center cropped to
+  cover × cover (an image of that size already is kept as it is).
 
   `Image.draft` lets libjpeg decode a JPEG at 1/2, 1/4 or 1/8 scale while the result still
   covers the target, so big images cost a fraction of a full decode; the resize does the rest.
   """
   with Image.open(path) as image:
-    if max_side:
-      scale = max_side / max(image.size)
+    orientation = image.getexif().get(ORIENTATION, 1)
+    side = max_side or cover
+    if side and image.size != (cover, cover):
+      scale = side / (max(image.size) if max_side else min(image.size))
       target = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
       image.draft("RGB", target)  # a no-op for formats other than JPEG
-    if image.mode != "RGB":  # grayscale, palette, CMYK, RGBA, …; a no-op copy otherwise
-      image = image.convert("RGB")
-    if max_side and image.size != target:
-      image = image.resize(target, Image.BILINEAR, reducing_gap=2.0)
-    return np.asarray(image)
+    else:
+      target = image.size
+    rgb = as_rgb(image)
+    if rgb.size != target:
+      rgb = rgb.resize(target, Image.BILINEAR, reducing_gap=2.0)
+    if orientation in UPRIGHT:
+      rgb = rgb.transpose(UPRIGHT[orientation])
+    if cover:
+      left, top = (rgb.width - cover) // 2, (rgb.height - cover) // 2
+      rgb = rgb.crop((left, top, left + cover, top + cover))
+    return np.asarray(rgb)
 
 
 def bad_file_error(path, e: Exception) -> UserError:
@@ -147,16 +236,22 @@ def bad_file_error(path, e: Exception) -> UserError:
   )
 
 
-def _read_or_none(path: str):
-  """read_rgb, or the exception for a file that cannot be decoded (runs in worker processes)."""
+def _read_square(path: str, size: int):
+  """(the image at size × size, whether it had another size), or the exception for a file that
+  cannot be decoded (runs in worker processes)."""
   try:
-    return read_rgb(path)
+    with Image.open(path) as image:
+      resized = image.size != (size, size)
+    return read_rgb(path, cover=size), resized
   except DECODE_ERRORS as e:
     return e
 
 
-def _cache_key(folder: Folder) -> str:
-  digest = hashlib.sha256(str(folder.root.resolve()).encode())
+DECODER = 2  # part of the cache key: a change to how files decode makes caches anew
+
+
+def _cache_key(folder: Folder, size: int) -> str:
+  digest = hashlib.sha256(f"{folder.root.resolve()} {DECODER} {size}".encode())
   for split in (folder.train, folder.eval):
     for rel in split.paths:
       stat = (folder.root / rel.decode()).stat()
@@ -165,13 +260,14 @@ def _cache_key(folder: Folder) -> str:
   return digest.hexdigest()[:20]
 
 
-def _decode_split(folder: Folder, split: Split, skip_bad: bool, workers: int):
-  """uint8 [N, H, W, 3] and labels of one split, decoded on `workers` processes."""
+def _decode_split(folder: Folder, split: Split, skip_bad: bool, workers: int, size: int):
+  """uint8 [N, size, size, 3], labels, the files skipped and how many images were resized, of
+  one split, decoded on `workers` processes."""
   paths = [str(folder.root / p.decode()) for p in split.paths]
   with host_workers.pool(workers) as pool:
     decoded = list(
       tqdm.tqdm(
-        pool.map(_read_or_none, paths, chunksize=256),
+        pool.map(functools.partial(_read_square, size=size), paths, chunksize=256),
         total=len(paths),
         desc=f"decoding {folder.root / split.name}",
         unit="img",
@@ -186,37 +282,28 @@ def _decode_split(folder: Folder, split: Split, skip_bad: bool, workers: int):
       skipped.append(paths[i])
     else:
       keep.append(i)
-  shapes = {decoded[i].shape for i in keep}
-  if len(shapes) > 1:
-    first = decoded[keep[0]].shape
-    odd = next(i for i in keep if decoded[i].shape != first)
-    raise UserError(
-      f"{folder.root / split.name} holds images of different sizes ({paths[keep[0]]} is "
-      f"{first[1]}×{first[0]}, {paths[odd]} is {decoded[odd].shape[1]}×{decoded[odd].shape[0]});"
-      " a resident dataset needs one size: pass --config.data_placement=streamed"
-    )
-  images = np.stack([decoded[i] for i in keep]) if keep else np.zeros((0, 1, 1, 3), np.uint8)
-  return images, split.labels[keep], skipped
+  empty = np.zeros((0, size, size, 3), np.uint8)
+  images = np.stack([decoded[i][0] for i in keep]) if keep else empty
+  return images, split.labels[keep], skipped, sum(decoded[i][1] for i in keep)
 
 
-def load_resident(folder: Folder, skip_bad: bool) -> ImageDataset:
-  """The whole folder as uint8 arrays, decoded once and then read from the data cache."""
-  cache = CACHE / f"folder-{_cache_key(folder)}-{'skip' if skip_bad else 'strict'}.npz"
+def load_resident(folder: Folder, skip_bad: bool, size: int) -> ImageDataset:
+  """The whole folder as uint8 arrays of size × size images, decoded once and then read from
+  the data cache. Each image of another size is brought to it: its shorter side resized to
+  `size`, its center cropped (`read_rgb`)."""
+  cache = CACHE / f"folder-{_cache_key(folder, size)}-{'skip' if skip_bad else 'strict'}.npz"
   source = f"folder:{folder.root} ({len(folder.classes)} classes; cached in {cache})"
   if cache.is_file():
     with np.load(cache) as f:
       arrays = [f[k] for k in ("train_images", "train_labels", "test_images", "test_labels")]
-      skipped = [str(p) for p in f["skipped"]]
-    return ImageDataset("folder", source, *arrays, len(folder.classes), skipped_files=skipped)
-  workers = max(1, min(os.cpu_count() or 1, 16))
-  train_images, train_labels, skipped = _decode_split(folder, folder.train, skip_bad, workers)
-  test_images, test_labels, skipped_test = _decode_split(folder, folder.eval, skip_bad, workers)
-  if train_images.shape[1:] != test_images.shape[1:]:
-    raise UserError(
-      f"{folder.root}: train images are {train_images.shape[2]}×{train_images.shape[1]} but "
-      f"{folder.eval.name} images are {test_images.shape[2]}×{test_images.shape[1]}; "
-      "pass --config.data_placement=streamed"
+      skipped, resized = [str(p) for p in f["skipped"]], int(f["resized"])
+    return ImageDataset(
+      "folder", source, *arrays, len(folder.classes), skipped_files=skipped, resized=resized
     )
+  workers = max(1, min(os.cpu_count() or 1, 16))
+  train = _decode_split(folder, folder.train, skip_bad, workers, size)
+  test = _decode_split(folder, folder.eval, skip_bad, workers, size)
+  skipped, resized = train[2] + test[2], train[3] + test[3]
   cache.parent.mkdir(parents=True, exist_ok=True)
   # A name of its own: processes on one host, or hosts sharing the cache, may decode at once.
   fd, partial = tempfile.mkstemp(dir=cache.parent, prefix=f"{cache.stem}.", suffix=".partial")
@@ -224,11 +311,12 @@ def load_resident(folder: Folder, skip_bad: bool) -> ImageDataset:
     with os.fdopen(fd, "wb") as f:
       np.savez(
         f,
-        train_images=train_images,
-        train_labels=train_labels,
-        test_images=test_images,
-        test_labels=test_labels,
-        skipped=np.asarray(skipped + skipped_test, dtype=str),
+        train_images=train[0],
+        train_labels=train[1],
+        test_images=test[0],
+        test_labels=test[1],
+        skipped=np.asarray(skipped, dtype=str),
+        resized=resized,
       )
     os.replace(partial, cache)  # a cache file is always complete; the last of equal ones stays
   except BaseException:  # Ctrl-C or a full disk: no partial file is left behind
@@ -237,20 +325,17 @@ def load_resident(folder: Folder, skip_bad: bool) -> ImageDataset:
   return ImageDataset(
     "folder",
     source,
-    train_images,
-    train_labels,
-    test_images,
-    test_labels,
+    *train[:2],
+    *test[:2],
     len(folder.classes),
-    skipped_files=skipped + skipped_test,
+    skipped_files=skipped,
+    resized=resized,
   )
 
 
-def fits_on_devices(folder: Folder, max_gb: float) -> bool:
-  """Whether the decoded train split (estimated from its first image) is at most max_gb."""
-  with Image.open(folder.root / folder.train.paths[0].decode()) as image:
-    width, height = image.size
-  return len(folder.train.paths) * width * height * 3 <= max_gb * 2**30
+def fits_on_devices(folder: Folder, max_gb: float, size: int) -> bool:
+  """Whether the train split decoded at size × size is at most max_gb."""
+  return len(folder.train.paths) * size * size * 3 <= max_gb * 2**30
 
 
 class FileImages:
@@ -259,7 +344,8 @@ class FileImages:
   Item i is the image resized so its longer side is `size`, at the top-left of a size × size
   array whose rest repeats the edge pixels, its valid (height, width), and its label. With
   `skip_bad`, a file that cannot be decoded is replaced by the next one that can (the count
-  of files passed over travels with the item), so batches keep their size and order.
+  of files passed over and the record read instead travel with the item, so that the host
+  names each skipped file once), and batches keep their size and order.
   """
 
   def __init__(self, root: Path, split: Split, size: int, skip_bad: bool):
@@ -277,9 +363,9 @@ class FileImages:
       except DECODE_ERRORS as e:
         if not self.skip_bad:
           raise bad_file_error(path, e) from None
-        print(f"warning: skipping {path}, which cannot be decoded ({e})", flush=True)
         continue
-      return dict(pad_to_square(image, self.size), label=self.split.labels[i], skipped=skipped)
+      item = dict(pad_to_square(image, self.size), label=self.split.labels[i])
+      return dict(item, skipped=skipped, index=i)
     raise UserError(f"no file of {self.root}/{self.split.name} can be decoded")
 
 
