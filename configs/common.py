@@ -71,6 +71,8 @@ def training_defaults() -> ml_collections.ConfigDict:
   c.log_every_seconds = 60.0  # ... or sooner, once this long has passed (slow steps)
   c.eval_every_steps = 0  # 0 = evaluate at the end only (an eval is always written then)
   c.checkpoint_every_steps = 1000  # 0 = only at the end
+  c.checkpoint_every_minutes = 10.0  # also once this long passed since the last (0 = off)
+  c.lost_process_after_sec = 30  # several processes: a silent one is lost after this long
   c.keep_checkpoints = 3
   c.scaling_report = False  # run 1, 2, 4, … N devices instead (research/scaling.py)
   c.scaling_steps = 60  # steps per device count in the scaling report

@@ -10,6 +10,7 @@ import errno
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 
 import jax
@@ -65,10 +66,14 @@ def _sync(name: str) -> None:
 
 
 class Checkpoints:
-  """Saves every `checkpoint_every_steps` into WORKDIR/checkpoints, keeping the newest `keep`."""
+  """Saves every `checkpoint_every_steps`, and once `checkpoint_every_minutes` passed since the
+  last save (or the launch), into WORKDIR/checkpoints, keeping the newest `keep`."""
 
   def __init__(self, workdir: Path, config: ml_collections.ConfigDict, echo=print):
     self.every = config.checkpoint_every_steps
+    self.every_sec = config.get("checkpoint_every_minutes", 0) * 60
+    self.agree_every = config.get("log_every_steps", 1)  # several processes decide at log steps
+    self.last_saved = time.monotonic()
     self.directory = Path(workdir).absolute() / "checkpoints"
     self.echo = echo
     self.manager = ocp.CheckpointManager(
@@ -80,7 +85,18 @@ class Checkpoints:
     )
 
   def due(self, step: int) -> bool:
-    return self.every > 0 and step % self.every == 0
+    """Whether to save after `step`: the same answer in every process (call once a step).
+    By time, several processes agree at log steps (one tiny all-gather), as on a stop."""
+    if self.every > 0 and step % self.every == 0:
+      return True
+    if not self.every_sec:
+      return False
+    late = time.monotonic() - self.last_saved >= self.every_sec
+    if jax.process_count() == 1:
+      return late
+    if step % self.agree_every:
+      return False
+    return bool(multihost_utils.process_allgather(np.int32(late)).any())
 
   def restore_latest(self, state):
     """`state` filled from the newest readable checkpoint, or `state` itself if there is none.
@@ -155,6 +171,7 @@ class Checkpoints:
         f"{self.directory} has {free / 1e6:.1f} MB free",
       )
     self.manager.save(step, args=ocp.args.StandardSave(serialization.to_state_dict(state)))
+    self.last_saved = time.monotonic()
 
   def _wait(self) -> None:
     """Waits for the write in flight; one that found its disk full is an OSError."""

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from research import environment, host_memory
+from research import environment, host_memory, peers
 from research.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, UserError
 
 
@@ -26,12 +26,15 @@ def _env_int(name: str) -> int | None:
   return int(value) if value else None
 
 
-def start_distributed(args) -> None:
+def start_distributed(args, lost_after_sec: int = 30) -> None:
   """Joins a multi-process run through jax.distributed; a no-op for one process.
 
   Explicit flags (or JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID) win; under
   SLURM or Open MPI with several tasks JAX detects everything itself. GPUs talk over NCCL;
   CPU devices need gloo for cross-process collectives.
+
+  A process that vanishes (SIGKILL, the OOM killer, a host gone) is noticed by the others
+  within `lost_after_sec` (research/peers.py, started by `run`).
   """
   import jax
 
@@ -49,7 +52,9 @@ def start_distributed(args) -> None:
   else:
     return
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.distributed.initialize(**kwargs)
+  # JAX's own check aborts in C++ with no word of what to do: a backstop behind research.peers
+  heartbeat = peers.backstop_sec(lost_after_sec)
+  jax.distributed.initialize(**kwargs, heartbeat_timeout_seconds=heartbeat)
 
 
 def _check_distributed_flags(args) -> None:
@@ -113,6 +118,17 @@ def parse_args(argv: list[str]):
   return args, overrides
 
 
+def _rerun(args, overrides, workdir=None) -> list[str]:
+  """The arguments of `./launch.sh` that resume this run (each process its own)."""
+  rerun = [args.config, f"--workdir={workdir or args.workdir}"]
+  rerun += [f"--config.{f}={v}" for f, v in overrides]
+  rerun += ["--allow_config_change"] if args.allow_config_change else []
+  if args.num_processes:
+    rerun += [f"--coordinator_address={args.coordinator_address}"]
+    rerun += [f"--num_processes={args.num_processes}", f"--process_id={args.process_id}"]
+  return rerun
+
+
 def default_workdir(spec: str) -> Path:
   path, _, variant = spec.partition(":")
   name = Path(path).stem + (f"-{variant.replace(',', '-')}" if variant else "")
@@ -122,7 +138,6 @@ def default_workdir(spec: str) -> Path:
 def run(argv: list[str]) -> int:
   """Runs what the command line asks for; returns the exit code (0, or 130 after a Ctrl-C)."""
   from research import configuration  # imports the packages environment.CORE checked
-  from research import workdir as workdir_lib
 
   args, overrides = parse_args(argv)
   config = configuration.load(args.config)
@@ -130,9 +145,22 @@ def run(argv: list[str]) -> int:
     configuration.override(config, field, value)
   if config.get("keep_freed_host_memory", True):
     host_memory.keep_freed_memory()  # before JAX starts its threads
-  start_distributed(args)
-  check_processes_agree(config)
+  lost_after = config.get("lost_process_after_sec", 30)  # training configs set it
+  if "lost_process_after_sec" in config:
+    from research import validate
+
+    validate.whole_number(config, "lost_process_after_sec", 1)  # before jax.distributed
+  start_distributed(args, lost_after)
+  with peers.watch(lost_after, shlex.join(_rerun(args, overrides))):
+    return _run_checked(args, overrides, config)
+
+
+def _run_checked(args, overrides, config) -> int:
   import jax
+
+  from research import workdir as workdir_lib
+
+  check_processes_agree(config)
 
   if jax.process_count() > 1 and not args.workdir:
     raise UserError("multi-process runs need --workdir=DIR on a filesystem all hosts share")
@@ -171,12 +199,8 @@ def _run_in(workdir: Path, config, args, overrides) -> int:
       # Validates, checks the workdir's data and checkpoints, then writes.
       train_and_evaluate(config, str(workdir), allow_data_change=args.allow_config_change)
     except Preempted as e:
-      rerun = [args.config, f"--workdir={workdir}", *(f"--config.{f}={v}" for f, v in overrides)]
-      rerun += ["--allow_config_change"] if args.allow_config_change else []
-      if args.num_processes:  # each process prints its own command
-        rerun += [f"--coordinator_address={args.coordinator_address}"]
-        rerun += [f"--num_processes={args.num_processes}", f"--process_id={args.process_id}"]
-      print(f"{e}; checkpoint written. To resume, run:\n  ./launch.sh {shlex.join(rerun)}")
+      rerun = shlex.join(_rerun(args, overrides, workdir))
+      print(f"{e}; checkpoint written. To resume, run:\n  ./launch.sh {rerun}")
       return e.exit_code
     return 0
   experiments = [p.stem for p in Path(__file__).parent.glob("experiments/[!_]*.py")]

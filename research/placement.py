@@ -68,3 +68,13 @@ def same_in_every_process(value) -> bool:
   digest = hashlib.sha256(json.dumps(value, sort_keys=True).encode()).digest()
   digests = multihost_utils.process_allgather(np.frombuffer(digest[:4], np.int32)[0])
   return len(set(digests.tolist())) == 1
+
+
+def wait_for_all(name: str, timeout_sec: int = 1800) -> None:
+  """Every process reaches this point before any goes on, through jax.distributed's service
+  (no collective: the first collective of a set of devices gives up after 30 s if a process
+  is that late, as one that compiles slower or without a cached program is)."""
+  if jax.process_count() > 1:
+    from jax._src import distributed  # its client; JAX offers no public barrier without devices
+
+    distributed.global_state.client.wait_at_barrier(name, timeout_sec * 1000)

@@ -32,7 +32,7 @@ from research.errors import UserError
 from research.inputs import Inputs
 from research.loop import Clock, Profiler, Progress, check_profile_end
 from research.metrics import MetricsLog
-from research.placement import first_replica, replicate, same_in_every_process
+from research.placement import first_replica, replicate, same_in_every_process, wait_for_all
 from research.preemption import Preempted, Preemption
 from research.steps import AXIS, TrainState, create_train_state
 
@@ -298,13 +298,14 @@ def train_and_evaluate(
   def eval_and_checkpoint(step, rstate):
     """The periodic eval and checkpoint, off the training clock."""
     eval_due = config.eval_every_steps and step % config.eval_every_steps == 0
-    if not (eval_due or checkpoints.due(step)):
+    save_due = checkpoints.due(step)
+    if not (eval_due or save_due):
       return
     jax.block_until_ready(rstate)  # dispatched steps finish on the training clock
     with clock.pause():
       if eval_due:
         evaluate(step, rstate, all_views=False)
-      if checkpoints.due(step):
+      if save_due:
         start = time.perf_counter()
         checkpoints.save(step, _finite_or_stop(first_replica(rstate), step, checkpoints))
         echo(
@@ -346,6 +347,7 @@ def train_and_evaluate(
     compiled += f", the eval in {extra_times['eval_compile_sec']:.1f} s"
   if is_main:
     echo(compiled)
+  wait_for_all(f"compiled-{start_step}")  # the step's first collectives start together
   batches = itertools.chain([first_batch], stream)
   progress = Progress(config, log, training.schedule, start_step, num_steps, echo, checkpoints)
   # The signal handlers stay until the last checkpoint is on disk: a second Ctrl-C while it is

@@ -29,6 +29,7 @@ INT_FIELDS = (
   ("log_every_steps", 1),
   ("eval_every_steps", 0),
   ("checkpoint_every_steps", 0),
+  ("lost_process_after_sec", 1),
   ("keep_checkpoints", 1),
   ("data_workers", 0),
   ("prefetch", 1),
@@ -57,6 +58,7 @@ RANGES = (
   ("synthetic_image_size", ">= 1", lambda x: x >= 1),
   ("synthetic_noise", ">= 0", lambda x: x >= 0),
   ("log_every_seconds", "> 0", lambda x: x > 0),
+  ("checkpoint_every_minutes", ">= 0 (0: off)", lambda x: x >= 0),
 )
 
 # The same for the model's fields, where its model has them.
@@ -68,6 +70,12 @@ MODEL_RANGES = (
   ("bn_momentum", "in [0, 1)", lambda x: 0 <= x < 1),
   ("dropout_rate", "in [0, 1)", lambda x: 0 <= x < 1),
 )
+
+
+def whole_number(config, field: str, minimum: int) -> None:
+  value = config[field]
+  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    raise UserError(f"{field}={value!r} must be a whole number >= {minimum}")
 
 
 def _in_ranges(values, ranges, prefix: str = "") -> None:
@@ -160,9 +168,7 @@ def train_config(config: ml_collections.ConfigDict, n_devices: int) -> Checked:
       "on it, pass --config.dataset=folder (an image folder) or cifar10 (the archive)"
     )
   for field, minimum in INT_FIELDS:
-    value = config[field]
-    if not isinstance(value, int) or value < minimum:
-      raise UserError(f"{field}={value!r} must be a whole number >= {minimum}")
+    whole_number(config, field, minimum)
   _in_ranges(config, RANGES)
   if config.num_train_steps == 0 or config.num_train_steps < -1:
     raise UserError(

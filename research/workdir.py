@@ -21,6 +21,8 @@ RESUMABLE_FIELDS = {
   "log_every_seconds",
   "eval_every_steps",
   "checkpoint_every_steps",
+  "checkpoint_every_minutes",
+  "lost_process_after_sec",
   "keep_checkpoints",
   "profile_steps",
   "data_dir",

@@ -14,7 +14,7 @@ import jax
 import numpy as np
 import pytest
 
-from research import checkpoint, configuration, main, models, optim, scaling
+from research import checkpoint, configuration, main, models, optim, peers, scaling
 from research.errors import UserError
 from research.steps import AXIS, create_train_state
 
@@ -216,6 +216,65 @@ def test_sigterm_to_one_process_stops_both_and_the_resumed_pair_steps_as_one_pro
     strict=True,
   ):
     assert np.linalg.norm(a - b) <= 1e-4 * np.linalg.norm(b - s)
+
+
+def _saved(workdir) -> list[int]:
+  """The steps of the complete checkpoints (orbax writes under a temporary name first)."""
+  return [int(p.name) for p in workdir.glob("checkpoints/*") if p.name.isdigit()]
+
+
+LOST_AFTER = 10  # lost_process_after_sec in the test below
+# What the survivor may take beyond LOST_AFTER on a loaded 2-core machine: the watch asks the
+# store every second and judges every half second; the rest is the exit itself.
+LOST_SLACK = 20
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGSTOP"])
+def test_a_lost_process_stops_the_other_soon_with_an_error_and_the_rerun_resumes(tmp_path, how):
+  """SIGKILL closes the lost process's connections (gloo fails at once); SIGSTOP leaves them
+  open and silent, as a host that vanished from the network does (the watch notices)."""
+  two = tmp_path / "two"
+  args = [
+    "--config.num_train_steps=100000", "--config.log_every_steps=2",
+    "--config.checkpoint_every_steps=0", "--config.checkpoint_every_minutes=0.02",
+    f"--config.lost_process_after_sec={LOST_AFTER}",
+  ]  # fmt: skip
+  processes = _start_two(two, *args)
+  deadline = (
+    time.monotonic() + 480
+  )  # startup and 2 timed checkpoints; minutes on a loaded 2-core machine
+  try:
+    while len(_saved(two)) < 2:  # saved by time only
+      assert time.monotonic() < deadline and all(p.poll() is None for p in processes)
+      time.sleep(0.05)
+  except BaseException:
+    _reap(processes)
+    raise
+  processes[1].send_signal(getattr(signal, how))
+  lost_at = time.monotonic()
+  try:
+    processes[0].wait(timeout=LOST_AFTER + LOST_SLACK)
+  finally:
+    _reap(processes)
+  took = time.monotonic() - lost_at
+  output = _log(two, 0).read_text()
+  assert processes[0].returncode == peers.EXIT_LOST, output[-3000:]
+  error = re.search(
+    r"error: a process of this multi-process run was lost \((.*)\).*\n  (.*)", output
+  )
+  assert error, output[-3000:]
+  # A SIGKILL is seen by whichever comes first: a collective's broken connection or the watch.
+  silent = "process 1 has given no sign of life"
+  assert silent in error[1] or how == "SIGKILL" and "Connection reset" in error[1], error[1]
+  assert took < LOST_AFTER + LOST_SLACK
+  assert error[2].startswith(f"./launch.sh {SMOKE} --workdir={two}")
+  assert error[2].endswith("--num_processes=2 --process_id=0")
+  if how == "SIGSTOP":
+    return
+  newest = max(_saved(two))  # a write the loss cut short is not among them
+  end = [f"--config.num_train_steps={newest + 2}"]
+  outputs = _finish_two(_start_two(two, *args, *end), two)
+  assert f"resumed from the checkpoint at step {newest}" in outputs[0]
 
 
 def test_processes_given_different_configs_stop_before_anything_is_written(tmp_path):

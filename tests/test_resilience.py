@@ -372,3 +372,23 @@ def test_the_newest_checkpoint_kept_is_named_or_none_is(tmp_path):
   ckpts.manager.wait_until_finished()
   assert ckpts.kept() == f"the last good checkpoint, of step 4, is kept in {tmp_path}/checkpoints"
   ckpts.close()
+
+
+def test_checkpoints_come_by_time_too_and_the_clock_restarts_at_each(tmp_path, monkeypatch):
+  now = [1000.0]
+  monkeypatch.setattr(checkpoint.time, "monotonic", lambda: now[0])
+  config = configuration.load(SMOKE)
+  config.update(checkpoint_every_steps=0, checkpoint_every_minutes=2.0)
+  ckpts = checkpoint.Checkpoints(tmp_path, config)
+  try:
+    now[0] += 119
+    assert not ckpts.due(5)
+    now[0] += 1  # two minutes since the launch
+    assert ckpts.due(6)
+    ckpts.save(6, {"w": np.zeros(3, np.float32)})
+    now[0] += 100
+    assert not ckpts.due(7)  # 100 s since that checkpoint
+    config.update(checkpoint_every_minutes=0.0)  # off: steps alone decide
+    assert not checkpoint.Checkpoints(tmp_path / "off", config).due(7)
+  finally:
+    ckpts.close()
