@@ -26,7 +26,7 @@ def _env_int(name: str) -> int | None:
   return int(value) if value else None
 
 
-def start_distributed(args, lost_after_sec: int = 30) -> None:
+def start_distributed(args, lost_after_sec: int = 30, resume: str = "") -> None:
   """Joins a multi-process run through jax.distributed; a no-op for one process.
 
   Explicit flags (or JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID) win; under
@@ -34,7 +34,8 @@ def start_distributed(args, lost_after_sec: int = 30) -> None:
   CPU devices need gloo for cross-process collectives.
 
   A process that vanishes (SIGKILL, the OOM killer, a host gone) is noticed by the others
-  within `lost_after_sec` (research/peers.py, started by `run`).
+  within `lost_after_sec` (research/peers.py, started by `run`); `resume`: the arguments of
+  ./launch.sh that resume this process, for the error then.
   """
   import jax
 
@@ -52,6 +53,7 @@ def start_distributed(args, lost_after_sec: int = 30) -> None:
   else:
     return
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  peers.guard(resume)
   # JAX's own check aborts in C++ with no word of what to do: a backstop behind research.peers
   heartbeat = peers.backstop_sec(lost_after_sec)
   jax.distributed.initialize(**kwargs, heartbeat_timeout_seconds=heartbeat)
@@ -150,8 +152,9 @@ def run(argv: list[str]) -> int:
     from research import validate
 
     validate.whole_number(config, "lost_process_after_sec", 1)  # before jax.distributed
-  start_distributed(args, lost_after)
-  with peers.watch(lost_after, shlex.join(_rerun(args, overrides))):
+  resume = shlex.join(_rerun(args, overrides))
+  start_distributed(args, lost_after, resume)
+  with peers.watch(lost_after, resume):
     return _run_checked(args, overrides, config)
 
 
@@ -227,9 +230,12 @@ def main() -> int:
     print("\ninterrupted", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
+    peers.ended()
     # Not a normal exit: the interrupt may have cut JAX off mid-work (a trace, a transfer, a
     # compile), and tearing the interpreter down under its threads can crash (SIGSEGV).
     os._exit(EXIT_INTERRUPTED)
+  finally:  # whatever Python itself ends with (a traceback too) speaks for itself
+    peers.ended()
 
 
 if __name__ == "__main__":

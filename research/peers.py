@@ -11,6 +11,11 @@ connection broke (gloo: "Connection reset by peer") is the same loss, seen soone
 JAX's coordination service has heartbeats of its own, but when they stop it aborts the process
 in C++ without a word of what to do; its timeout is set longer (`backstop_sec`), as a backstop.
 A process that ends its run says so first, so that the others do not count it lost.
+
+One loss JAX acts on before Python can: when process 0, which runs the coordination service,
+is gone, the others are aborted in C++ at once. So each process of a multi-process run has a
+guardian (`guard`), a small Python process that waits for it to end: if it ends without
+having said so (`ended`), aborted or killed, the guardian prints the same `error:` line.
 """
 
 import contextlib
@@ -21,12 +26,64 @@ import threading
 import time
 
 EXIT_LOST = 3  # a process of the run was lost; this one stopped
+_said = None  # the pipe to this process's guardian, while it has one
+
+# The guardian: reads until its process's end closes the pipe; says the error unless "ended".
+GUARDIAN = """
+import os, signal, sys
+for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+  signal.signal(s, signal.SIG_IGN)  # it outlives its process by a moment, to speak
+said, fd = b"", int(sys.argv[1])
+while chunk := os.read(fd, 64):
+  said += chunk
+if said != b"ended":
+  print(sys.argv[2], file=sys.stderr, flush=True)
+"""
 INTERVAL = 1.0  # seconds between a process's writes of its counter
 # A failed collective that means a peer's connection broke (gloo, NCCL), not a slow peer or a
 # bug of the program.
 BROKEN_PEER = re.compile(
   r"connection reset|connection closed|socket closed|broken pipe|remote process exited", re.I
 )
+
+
+RESUME = "Its last checkpoint stays: start every process again to resume, this one with:"
+
+
+def _error(why: str, me: int, resume: str) -> str:
+  return (
+    f"error: a process of this multi-process run was lost ({why}); process {me} stops too. "
+    f"{RESUME}\n  ./launch.sh {resume}"
+  )
+
+
+def guard(resume: str) -> None:
+  """Starts this process's guardian (before jax.distributed, whose abort it reports)."""
+  global _said
+  import subprocess
+
+  read, _said = os.pipe()
+  error = (
+    "error: this process of a multi-process run ended abruptly: killed, or aborted by "
+    "jax.distributed because another process was lost (the lines above say which). "
+    f"{RESUME}\n  ./launch.sh {resume}"
+  )
+  subprocess.Popen(
+    [sys.executable, "-c", GUARDIAN, str(read), error],
+    pass_fds=(read,),
+    stdin=subprocess.DEVNULL,
+    start_new_session=True,  # a terminal's Ctrl-C or a job's signal is not for it
+  )
+  os.close(read)
+
+
+def ended() -> None:
+  """Tells the guardian, if any, that this process ends as it means to: it says nothing."""
+  global _said
+  if _said is not None:
+    os.write(_said, b"ended")
+    os.close(_said)
+    _said = None
 
 
 def backstop_sec(after: int) -> int:
@@ -106,13 +163,8 @@ class _Watcher:
 
   def lost(self, why: str):
     with self.report:  # one message, from whichever thread sees it first
-      print(
-        f"error: a process of this multi-process run was lost ({why}); process {self.me} "
-        f"stops too. Its last checkpoint stays: start every process again to resume, this "
-        f"one with:\n  ./launch.sh {self.resume}",
-        file=sys.stderr,
-        flush=True,
-      )
+      print(_error(why, self.me, self.resume), file=sys.stderr, flush=True)
+      ended()
       os._exit(EXIT_LOST)  # at once: a collective with the lost process would never return
 
   def stop(self):

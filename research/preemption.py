@@ -31,6 +31,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from research import peers
 from research.errors import EXIT_INTERRUPTED
 
 
@@ -79,6 +80,7 @@ class Preemption:
         file=sys.stderr,
         flush=True,
       )
+      peers.ended()  # a user's abort, not a lost process
       os._exit(EXIT_INTERRUPTED)  # at once: no step, save or cleanup is waited for
     name, again = (
       ("Ctrl-C", " (Ctrl-C again to abort now)") if signum == signal.SIGINT else ("SIGTERM", "")
