@@ -258,10 +258,10 @@ def test_a_lost_process_stops_the_other_soon_with_an_error_and_the_rerun_resumes
   finally:
     _reap(processes)
   took = time.monotonic() - lost_at
-  time.sleep(1)  # a guardian speaks once its process has ended
-  output = _log(two, survivor).read_text()
-  error = re.search(r"\n(error: .*)\n  (.*)\n?$", output)
-  assert error, output[-3000:]
+  end = r"\n(error: .*)\n  (\./launch\.sh .*)\n?$"  # the output's last lines
+  while not (error := re.search(end, output := _log(two, survivor).read_text())):
+    assert time.monotonic() < lost_at + 120, output[-3000:]  # a guardian speaks after its end
+    time.sleep(0.1)
   if lost == 0:  # JAX's abort, then the guardian's line
     assert processes[survivor].returncode == -signal.SIGABRT, output[-3000:]
     assert error[1].startswith("error: this process of a multi-process run ended abruptly")
