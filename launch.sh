@@ -26,6 +26,10 @@ python_version() {  # $1: a program; prints its Python's X.Y, or nothing where i
   "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true
 }
 
+served() {  # $1: X.Y or nothing; whether the locks can serve that Python (3.12 or newer)
+  [[ -n $1 ]] && ! { [[ ${1%%.*} -eq 3 ]] && [[ ${1#*.} -lt 12 ]]; }
+}
+
 find_python() {  # $@: versions X.Y, in order of preference; prints the first found, or nothing
   local version candidate
   for version in "$@"; do  # on the PATH (a pyenv shim runs only where enabled), then pyenv
@@ -52,7 +56,7 @@ base_python() {  # sets PYTHON: PYTHON= as given, else the newest of PYTHONS fou
   local version
   if [[ -n ${PYTHON:-} ]]; then
     version=$(python_version "$PYTHON")
-    if [[ -z $version ]] || { [[ ${version%%.*} -eq 3 ]] && [[ ${version#*.} -lt 12 ]]; }; then
+    if ! served "$version"; then
       [[ -n $version ]] && version="is Python $version" || version="does not run"
       echo "error: PYTHON=$PYTHON $version;" \
         "the locked JAX needs Python >= 3.12: name one with PYTHON=/path/to/python3.13, or" \
@@ -83,7 +87,7 @@ setup_venv() {  # $1: the extras to install, e.g. "test" or "test,cuda12"
   lock=$(lock_for "$extras")
   local version
   version=$(python_version "$VENV/bin/python")
-  if [[ -x $VENV/bin/python && ( -z $version || ${version#*.} -lt 12 ) ]]; then
+  if [[ -x $VENV/bin/python ]] && ! served "$version"; then
     rm -rf "$VENV"  # made by an older launch.sh from a Python the lock cannot serve
   fi
   [[ -f $(stamp_for "$extras") ]] && return

@@ -21,6 +21,7 @@ from flax import serialization, traverse_util
 from jax.experimental import multihost_utils
 
 from research.errors import UserError
+from research.placement import wait_for_all
 
 
 def _layout(tree) -> dict:
@@ -57,12 +58,6 @@ def _disk_full(directory: Path, detail: str, code: int = errno.ENOSPC) -> OSErro
   """The OSError of a full disk (or quota), which research.workdir turns into the run's one
   error line."""
   return OSError(code, f"{os.strerror(code)}: {detail}", str(directory))
-
-
-def _sync(name: str) -> None:
-  """All processes reach this point before any goes on (a no-op for one process)."""
-  if jax.process_count() > 1:
-    multihost_utils.sync_global_devices(name)
 
 
 class Checkpoints:
@@ -131,11 +126,11 @@ class Checkpoints:
       f"warning: the checkpoint at step {step} is unreadable ({type(error).__name__}: "
       f"{str(error)[:200]}); moved it to {aside} and trying the one before it"
     )
-    _sync(f"checkpoint-{step}-unreadable")  # every process has looked before one moves it
+    wait_for_all(f"checkpoint-{step}-unreadable")  # every process has looked before one moves it
     if jax.process_index() == 0:
       aside.parent.mkdir(exist_ok=True)
       shutil.move(str(self.directory / str(step)), aside)
-    _sync(f"checkpoint-{step}-moved")
+    wait_for_all(f"checkpoint-{step}-moved")
     self.manager.reload()
 
   def kept(self) -> str:

@@ -290,11 +290,16 @@ def streamed(config, per_device_batch: int, preprocess, step_key, scanned=None) 
             skipped[path] = None
             print(f"warning: skipped {path}, which cannot be decoded (skip_bad_images)", flush=True)
 
-    return note if scanned is not None else None
+    return note
+
+  # tfds sources skip nothing
+  on_train, on_eval = (
+    (note_skipped(scanned.train), note_skipped(scanned.eval)) if scanned else (None, None)
+  )
 
   def batches(start_step):
     stream = streaming.batch_stream(train_ds, per_process, start_step, config.data_workers)
-    return prefetch_to_devices(stream, config.prefetch, note_skipped(scanned and scanned.train))
+    return prefetch_to_devices(stream, config.prefetch, on_train)
 
   eval_per_process = config.eval_batch_size // share[1]
   pipelines = eval_pipelines(preprocess)
@@ -306,9 +311,7 @@ def streamed(config, per_device_batch: int, preprocess, step_key, scanned=None) 
   def evaluate(rstate, all_views=True):
     totals = replicate(jax.device_get(steps.zero_totals(pipelines[all_views])))  # on device
     stream = streaming.eval_batches(eval_source, eval_per_process, config.data_workers, share)
-    for batch in prefetch_to_devices(
-      stream, config.prefetch, note_skipped(scanned and scanned.eval)
-    ):
+    for batch in prefetch_to_devices(stream, config.prefetch, on_eval):
       totals = p_evals[all_views](rstate, batch, totals)
     return first_replica(totals)
 

@@ -26,7 +26,7 @@ def _env_int(name: str) -> int | None:
   return int(value) if value else None
 
 
-def start_distributed(args, lost_after_sec: int = 30, resume: str = "") -> None:
+def start_distributed(args, lost_after_sec: int = peers.LOST_AFTER_SEC, resume: str = "") -> None:
   """Joins a multi-process run through jax.distributed; a no-op for one process.
 
   Explicit flags (or JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID) win; under
@@ -147,7 +147,7 @@ def run(argv: list[str]) -> int:
     configuration.override(config, field, value)
   if config.get("keep_freed_host_memory", True):
     host_memory.keep_freed_memory()  # before JAX starts its threads
-  lost_after = config.get("lost_process_after_sec", 30)  # training configs set it
+  lost_after = config.get("lost_process_after_sec", peers.LOST_AFTER_SEC)
   if "lost_process_after_sec" in config:
     from research import validate
 

@@ -204,29 +204,34 @@ def as_rgb(image: Image.Image) -> Image.Image:
 def read_rgb(path: str, max_side: int = 0, cover: int = 0) -> np.ndarray:
   """Decodes one file to uint8 [h, w, 3] upright (`as_rgb`); with max_side, its longer side
   resized to max_side; with cover, its shorter side resized to cover and its center cropped to
-  cover × cover (an image of that size already is kept as it is).
+  cover × cover (an image of that size already is kept as it is)."""
+  with Image.open(path) as image:
+    return _decode(image, max_side, cover)
+
+
+def _decode(image: Image.Image, max_side: int = 0, cover: int = 0) -> np.ndarray:
+  """read_rgb of an opened file.
 
   `Image.draft` lets libjpeg decode a JPEG at 1/2, 1/4 or 1/8 scale while the result still
   covers the target, so big images cost a fraction of a full decode; the resize does the rest.
   """
-  with Image.open(path) as image:
-    orientation = image.getexif().get(ORIENTATION, 1)
-    side = max_side or cover
-    if side and image.size != (cover, cover):
-      scale = side / (max(image.size) if max_side else min(image.size))
-      target = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
-      image.draft("RGB", target)  # a no-op for formats other than JPEG
-    else:
-      target = image.size
-    rgb = as_rgb(image)
-    if rgb.size != target:
-      rgb = rgb.resize(target, Image.BILINEAR, reducing_gap=2.0)
-    if orientation in UPRIGHT:
-      rgb = rgb.transpose(UPRIGHT[orientation])
-    if cover:
-      left, top = (rgb.width - cover) // 2, (rgb.height - cover) // 2
-      rgb = rgb.crop((left, top, left + cover, top + cover))
-    return np.asarray(rgb)
+  orientation = image.getexif().get(ORIENTATION, 1)
+  side = max_side or cover
+  if side and image.size != (cover, cover):
+    scale = side / (max(image.size) if max_side else min(image.size))
+    target = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+    image.draft("RGB", target)  # a no-op for formats other than JPEG
+  else:
+    target = image.size
+  rgb = as_rgb(image)
+  if rgb.size != target:
+    rgb = rgb.resize(target, Image.BILINEAR, reducing_gap=2.0)
+  if orientation in UPRIGHT:
+    rgb = rgb.transpose(UPRIGHT[orientation])
+  if cover:
+    left, top = (rgb.width - cover) // 2, (rgb.height - cover) // 2
+    rgb = rgb.crop((left, top, left + cover, top + cover))
+  return np.asarray(rgb)
 
 
 def bad_file_error(path, e: Exception) -> UserError:
@@ -241,8 +246,7 @@ def _read_square(path: str, size: int):
   cannot be decoded (runs in worker processes)."""
   try:
     with Image.open(path) as image:
-      resized = image.size != (size, size)
-    return read_rgb(path, cover=size), resized
+      return _decode(image, cover=size), image.size != (size, size)
   except DECODE_ERRORS as e:
     return e
 
