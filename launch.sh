@@ -116,11 +116,11 @@ setup_venv() {  # $1: the extras to install, e.g. "test" or "test,cuda12"
 }
 
 wanted_extras() {  # the GPU set where a GPU is seen or the venv holds it already, else the CPU set
-  if [[ -f $(stamp_for test,cuda12) ]] \
+  if [[ -f $(stamp_for tools,test,cuda12) ]] \
       || { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }; then
-    echo test,cuda12
+    echo tools,test,cuda12
   else
-    echo test
+    echo tools,test
   fi
 }
 
@@ -138,7 +138,7 @@ if [[ $1 == lock ]]; then
   "$PYTHON" -m venv "$scratch/venv"
   pip=("$scratch/venv/bin/python" -m pip)
   "${pip[@]}" install -q --upgrade pip
-  "${pip[@]}" install -q -e ".[test]"
+  "${pip[@]}" install -q -e ".[tools,test]"
   mkdir -p requirements
   "${pip[@]}" freeze --exclude-editable >requirements/cpu.lock
   # The GPU set: the same pins plus what jax[cuda12] adds, resolved (in an empty venv)
@@ -146,7 +146,7 @@ if [[ $1 == lock ]]; then
   "$PYTHON" -m venv "$scratch/gpu"
   "$scratch/gpu/bin/python" -m pip install -q --upgrade pip
   "$scratch/gpu/bin/python" -m pip install -q --dry-run --report "$scratch/cuda12.json" \
-    -c requirements/cpu.lock -e ".[test,cuda12]"
+    -c requirements/cpu.lock -e ".[tools,test,cuda12]"
   "$scratch/venv/bin/python" -c 'import json, sys
 report = json.load(open(sys.argv[1]))["install"]
 pins = sorted("%s==%s" % (r["metadata"]["name"], r["metadata"]["version"]) for r in report
@@ -158,8 +158,8 @@ fi
 
 if [[ $1 == setup ]]; then
   case ${2:-} in
-    --gpu) extras=test,cuda12 ;;
-    --cpu) extras=test ;;
+    --gpu) extras=tools,test,cuda12 ;;
+    --cpu) extras=tools,test ;;
     "") extras=$(wanted_extras) ;;
     *) echo "error: setup takes --gpu or --cpu, not '$2'" >&2; exit 2 ;;
   esac
@@ -265,11 +265,15 @@ case $1 in
     # compiling. worksteal: an idle worker takes queued tests from a busy one.
     exec "$py" -m pytest -n "${PYTEST_WORKERS:-auto}" --dist worksteal "$@"
     ;;
-  bench) shift; exec "$py" -m research.benchmark "$@" ;;
-  report) shift; exec "$py" -m research.report "$@" ;;
+  bench) shift; exec "$py" -m tools.benchmark "$@" ;;
+  report) shift; exec "$py" -m tools.report "$@" ;;
   *)
     config=$1
     shift
-    exec "$py" -m research.main --config="$config" "$@"
+    module=research.main  # the training library; the scaling report is a tool that runs it
+    for arg in "$@"; do
+      [[ $arg =~ ^--config\.scaling_report=(True|true|1)$ ]] && module=tools.scaling
+    done
+    exec "$py" -m "$module" --config="$config" "$@"
     ;;
 esac

@@ -38,6 +38,6 @@ def get_config(arg=None):
   c.schedule, c.lr_decay = "inverse_time", 1e-6
   c.augment = "shift(0.1)|flip_lr"
   c.eval_preprocess = ""
-  c.eval_every_steps = 10 * 195
+  c.eval_every_epochs = 10.0
   apply_variant(c, arg, VARIANTS)
   return c

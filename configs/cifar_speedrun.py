@@ -40,7 +40,7 @@ def _smoke(c):
   c.model.widths, c.model.init_examples = (16, 32, 32), 256
   c.batch_size, c.eval_batch_size = 128, 128
   c.num_train_steps, c.log_every_steps = 16, 4  # 5 train records: steps 1, 4, 8, 12, 16
-  c.eval_every_steps = 0
+  c.eval_every_epochs = 0.0
 
 
 def get_config(arg=None):
@@ -61,8 +61,8 @@ def get_config(arg=None):
   c.loss_reduction = "sum"  # over the global batch, as airbench
   c.augment = "normalize|crop(2, 'reflect')|flip_alternating"
   c.eval_preprocess = "normalize|tta(1)"  # the final eval: mirror and ±1-pixel views
-  c.eval_every_steps = 25  # every epoch (first view only); the final eval uses all views
-  c.checkpoint_every_steps = 0  # 8 epochs: a checkpoint at the end (and on Ctrl-C)
+  c.eval_every_epochs = 1.0  # first view only; the final eval uses all views
+  c.checkpoint_every_epochs = 0.0  # 8 epochs: a checkpoint at the end (and on Ctrl-C)
   c.log_every_steps = 25
   c.keep_freed_host_memory = False  # CPU: a batch of 2000 fragments a heap that never shrinks
   sgd = dict(optimizer="sgd", momentum=0.85, nesterov=True)

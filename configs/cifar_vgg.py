@@ -57,6 +57,6 @@ def get_config(arg=None):
   c.weight_decay = 5e-4
   c.augment = "crop(4)|flip_lr|standardize"
   c.eval_preprocess = "standardize"
-  c.eval_every_steps = 5 * 195  # about every 5 epochs at batch 256
+  c.eval_every_epochs = 5.0
   apply_variant(c, arg, VARIANTS)
   return c

@@ -69,12 +69,17 @@ def training_defaults() -> ml_collections.ConfigDict:
   # Logging and evaluation.
   c.log_every_steps = 50  # one device→host transfer of metrics per this many steps
   c.log_every_seconds = 60.0  # ... or sooner, once this long has passed (slow steps)
-  c.eval_every_steps = 0  # 0 = evaluate at the end only (an eval is always written then)
-  c.checkpoint_every_steps = 1000  # 0 = only at the end
+  # Evals and checkpoints: every this many epochs (a batch-size change keeps the schedule),
+  # or every this many steps where *_every_steps > 0 (it overrides the epochs, as
+  # num_train_steps does num_epochs); 0 and 0 = at the end only (an eval is always written).
+  c.eval_every_epochs = 0.0
+  c.eval_every_steps = 0
+  c.checkpoint_every_epochs = 5.0
+  c.checkpoint_every_steps = 0
   c.checkpoint_every_minutes = 10.0  # also once this long passed since the last (0 = off)
   c.lost_process_after_sec = 30  # several processes: a silent one is lost after this long
   c.keep_checkpoints = 3
-  c.scaling_report = False  # run 1, 2, 4, … N devices instead (research/scaling.py)
+  c.scaling_report = False  # run 1, 2, 4, … N devices instead (the tool tools/scaling.py)
   c.scaling_steps = 60  # steps per device count in the scaling report
   c.scaling_strong = False  # also fixed-global-batch (strong) scaling, besides weak scaling
   c.profile_steps = ()  # (start, stop): a jax.profiler trace of these steps in WORKDIR/profile

@@ -22,6 +22,13 @@ each example of each step a new one. A views op (`@register(name, views=True)`: 
 `eval_preprocess`: it returns `Views(fn, weights)` with `fn(image) -> [V, H, W, C]`; the eval
 averages the model's logits over the V views with those weights, and periodic evals use the
 first view (the image as the ops before it leave it).
+
+Batch ops (`@register(name, batch=True)`: `mixup`, `cutmix`) mix examples and their labels:
+they return `op(keys [B], images [B, H, W, C], targets [B, K]) -> (images, targets)`, with
+`targets` the class probabilities (one-hot before any mixing) and `keys` each example's key.
+They come last in a training pipeline and see one device's examples; each example is mixed
+with its neighbour in the batch (positions 2i and 2i + 1; the batch is in random order), its
+weight drawn from its own key, and its target mixed with exactly the weights of its pixels.
 """
 
 import ast
@@ -42,6 +49,7 @@ _REGISTRY: dict[str, Callable] = {}
 _WINDOW_OPS: set[str] = set()  # names whose ops read only the valid (height, width) region
 _CONTEXT_OPS: set[str] = set()  # names whose ops take the Context
 _VIEWS_OPS: set[str] = set()  # names whose factories return Views
+_BATCH_OPS: set[str] = set()  # names whose ops mix examples and their targets
 VALUE_OPS: set[str] = set()  # names whose ops set the range of the values the model sees
 
 
@@ -60,11 +68,17 @@ class Views(NamedTuple):
 
 
 def register(
-  name: str, window: bool = False, context: bool = False, views: bool = False, values: bool = False
+  name: str,
+  window: bool = False,
+  context: bool = False,
+  views: bool = False,
+  values: bool = False,
+  batch: bool = False,
 ):
   """Registers an op factory under `name`: `window=True` if its ops take the valid size,
   `context=True` if they take the Context, `views=True` if it returns Views, `values=True` if
-  its ops map the pixel values to the range the model sees (training and eval must agree)."""
+  its ops map the pixel values to the range the model sees (training and eval must agree),
+  `batch=True` if its ops mix the examples of a batch and their targets."""
 
   def wrap(factory):
     _REGISTRY[name] = factory
@@ -73,6 +87,7 @@ def register(
       (context, _CONTEXT_OPS),
       (views, _VIEWS_OPS),
       (values, VALUE_OPS),
+      (batch, _BATCH_OPS),
     )
     for flag, names in flags:
       if flag:
@@ -390,6 +405,56 @@ def color_distort(
   return op
 
 
+def _neighbours(n: int) -> jax.Array:
+  """Each position's partner: 2i and 2i + 1 swap; the last of an odd batch is its own."""
+  partner = jnp.arange(n) ^ 1
+  return jnp.where(partner < n, partner, jnp.arange(n))
+
+
+@register("mixup", batch=True)
+def mixup(alpha: float) -> Callable:
+  """Mixup (Zhang et al. 2018): image and target are lam × themselves + (1 - lam) × their
+  neighbour's, lam ~ Beta(alpha, alpha) per example."""
+  if alpha <= 0:
+    raise UserError(f"mixup({alpha}): alpha must be > 0")
+
+  def op(keys, images, targets):
+    lam = jax.vmap(lambda k: jax.random.beta(k, alpha, alpha))(keys)  # [B]
+    partner = _neighbours(images.shape[0])
+    mix = lambda x, lam: lam * x + (1 - lam) * x[partner]
+    return mix(images, lam[:, None, None, None]), mix(targets, lam[:, None])
+
+  return op
+
+
+@register("cutmix", batch=True)
+def cutmix(alpha: float) -> Callable:
+  """CutMix (Yun et al. 2019): a box of about (1 - lam) of the image, lam ~ Beta(alpha,
+  alpha), is pasted from the neighbour; the target is mixed by the box's exact share of pixels."""
+  if alpha <= 0:
+    raise UserError(f"cutmix({alpha}): alpha must be > 0")
+
+  def box(key, h, w):  # [H, W] bool: the pixels taken from the neighbour
+    k_lam, k_y, k_x = jax.random.split(key, 3)
+    side = jnp.sqrt(1 - jax.random.beta(k_lam, alpha, alpha))  # box side / image side
+    bh, bw = jnp.round(side * h).astype(jnp.int32), jnp.round(side * w).astype(jnp.int32)
+    cy, cx = jax.random.randint(k_y, (), 0, h), jax.random.randint(k_x, (), 0, w)
+    top, left = jnp.clip(cy - bh // 2, 0, h), jnp.clip(cx - bw // 2, 0, w)
+    bottom, right = jnp.clip(cy + bh - bh // 2, 0, h), jnp.clip(cx + bw - bw // 2, 0, w)
+    rows, cols = jnp.arange(h)[:, None], jnp.arange(w)[None, :]
+    return (rows >= top) & (rows < bottom) & (cols >= left) & (cols < right)
+
+  def op(keys, images, targets):
+    h, w = images.shape[1:3]
+    boxes = jax.vmap(lambda k: box(k, h, w))(keys)  # [B, H, W]
+    partner = _neighbours(images.shape[0])
+    images = jnp.where(boxes[..., None], images[partner], images)
+    taken = boxes.mean((1, 2))[:, None]  # [B, 1]: the neighbour's share of the pixels
+    return images, (1 - taken) * targets + taken * targets[partner]
+
+  return op
+
+
 class Step(NamedTuple):
   """One parsed op; `window` ops take the valid (height, width) as a third argument,
   `context` ops the Context."""
@@ -398,6 +463,7 @@ class Step(NamedTuple):
   window: bool
   context: bool = False
   value: str | None = None  # a value op as written with every argument: "scale(-1.0, 1.0)"
+  batch: bool = False
 
 
 def _usage(name: str) -> str:
@@ -468,14 +534,21 @@ def parse(spec: str) -> list[Step]:
       raise UserError(f"augmentation op {part!r} must be first: ops before it would see padding")
     if steps and isinstance(steps[-1].op, Views):
       raise UserError(f"augmentation op {part!r} comes after a views op, which must be last")
+    if steps and steps[-1].batch and name not in _BATCH_OPS:
+      raise UserError(
+        f"augmentation op {part!r} comes after an op that mixes examples "
+        f"({', '.join(sorted(_BATCH_OPS))}); those come last"
+      )
     args = [_literal(part, node, name) for node in call.args]
     kwargs = {k.arg: _literal(part, k.value, name) for k in call.keywords}
     arguments = _checked(part, name, args, kwargs)
     value = f"{name}({', '.join(map(repr, arguments.values()))})" if name in VALUE_OPS else None
-    steps.append(
-      Step(_REGISTRY[name](**arguments), name in _WINDOW_OPS, name in _CONTEXT_OPS, value)
-    )
+    op = _REGISTRY[name](**arguments)
+    steps.append(Step(op, name in _WINDOW_OPS, name in _CONTEXT_OPS, value, name in _BATCH_OPS))
   return steps
+
+
+BATCH_OP_KEYS = 1 << 30  # batch op i's key: the example's key folded with this + i
 
 
 def identity_key(seed: int) -> jax.Array:
@@ -484,21 +557,25 @@ def identity_key(seed: int) -> jax.Array:
 
 
 def build(spec: str, seed: int = 0) -> Callable[..., jax.Array]:
-  """Returns `augment(rng, images_u8 [B, S, S, C], sizes=None, *, epoch=0, ids=None)`:
-  float32 [B, H, W, C], or [V, B, H, W, C] for a pipeline that ends in a views op.
+  """Returns `augment(rng, images_u8 [B, S, S, C], sizes=None, *, epoch=0, ids=None,
+  targets=None)`: float32 [B, H, W, C], or [V, B, H, W, C] for a pipeline that ends in a
+  views op; with `targets` (class probabilities [B, K]), `(images, targets)`.
 
   `sizes` (int [B, 2]) is each image's valid (height, width) at the top-left of its padded
   array; None means every image is whole. Only a pipeline that starts with a window op
   accepts sizes, since any other op would see the padding. `ids` (int [B]) identify the
   examples for context ops (None: their positions in the batch); `epoch` is the epoch.
+  Batch ops mix `targets` as they mix the images (without targets, the images alone).
   The function's `weights` are its views' weights (None without views), `values` its value
-  ops as text (two pipelines with equal texts map pixel values alike) and `first_view` is the
-  pipeline whose output is the first view alone.
+  ops as text (two pipelines with equal texts map pixel values alike), `mixes` whether it
+  has batch ops, and `first_view` is the pipeline whose output is the first view alone.
   """
   steps = parse(spec)
   windowed = bool(steps) and steps[0].window
   values = "|".join(step.value for step in steps if step.value) or "none"
   views = steps.pop() if steps and isinstance(steps[-1].op, Views) else None
+  batch_ops = [step.op for step in steps if step.batch]
+  steps = [step for step in steps if not step.batch]
   base_key = identity_key(seed)
 
   def one(rng, image, valid, context, all_views):
@@ -512,7 +589,7 @@ def build(spec: str, seed: int = 0) -> Callable[..., jax.Array]:
     return views.op.fn(image) if views and all_views else image
 
   def pipeline(all_views):
-    def augment(rng, images_u8, sizes=None, *, epoch=0, ids=None):
+    def augment(rng, images_u8, sizes=None, *, epoch=0, ids=None, targets=None):
       if sizes is not None and not windowed:
         raise UserError(
           f"augmentation {spec!r} gets padded images but does not start with a window op "
@@ -526,14 +603,21 @@ def build(spec: str, seed: int = 0) -> Callable[..., jax.Array]:
       ids = jnp.arange(n) if ids is None else ids
       keys = jax.vmap(jax.random.fold_in, (None, 0))(base_key, ids)
       contexts = Context(jnp.broadcast_to(jnp.asarray(epoch, jnp.int32), (n,)), keys)
+      example_keys = jax.random.split(rng, n)
       out = jax.vmap(functools.partial(one, all_views=all_views))(
-        jax.random.split(rng, n), images, valid, contexts
+        example_keys, images, valid, contexts
       )
-      return jnp.moveaxis(out, 1, 0) if views and all_views else out  # views first
+      mixed = jnp.zeros((n, 1)) if targets is None else targets  # [B, K]
+      for i, op in enumerate(batch_ops):  # each example's key, apart from its own ops' keys
+        op_keys = jax.vmap(jax.random.fold_in, (0, None))(example_keys, BATCH_OP_KEYS + i)
+        out, mixed = op(op_keys, out, mixed)
+      out = jnp.moveaxis(out, 1, 0) if views and all_views else out  # views first
+      return out if targets is None else (out, mixed)
 
     augment.windowed = windowed  # whether it may be given padded images with their sizes
     augment.values = values  # its value ops with every argument: "scale(-1.0, 1.0)" or "none"
     augment.weights = views.op.weights if views and all_views else None
+    augment.mixes = bool(batch_ops)  # it mixes examples and targets: for training only
     return augment
 
   augment = pipeline(all_views=True)

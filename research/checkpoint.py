@@ -61,11 +61,12 @@ def _disk_full(directory: Path, detail: str, code: int = errno.ENOSPC) -> OSErro
 
 
 class Checkpoints:
-  """Saves every `checkpoint_every_steps`, and once `checkpoint_every_minutes` passed since the
-  last save (or the launch), into WORKDIR/checkpoints, keeping the newest `keep`."""
+  """Saves every `every` steps (default: `checkpoint_every_steps`), and once
+  `checkpoint_every_minutes` passed since the last save (or the launch), into
+  WORKDIR/checkpoints, keeping the newest `keep`."""
 
-  def __init__(self, workdir: Path, config: ml_collections.ConfigDict, echo=print):
-    self.every = config.checkpoint_every_steps
+  def __init__(self, workdir: Path, config: ml_collections.ConfigDict, echo=print, every=None):
+    self.every = config.checkpoint_every_steps if every is None else every
     self.every_sec = config.get("checkpoint_every_minutes", 0) * 60
     self.agree_every = config.get("log_every_steps", 1)  # several processes decide at log steps
     self.last_saved = time.monotonic()

@@ -1,4 +1,5 @@
-"""The Python packages a command needs, checked before it starts (standard library only).
+"""The Python packages a command needs, checked before it starts (standard library only), and
+the environment of a child process on N devices.
 
 `./launch.sh` normally runs in its own `.venv`, where everything is installed. With
 `RESEARCH_PYTHON=/path/to/python` it runs on an interpreter someone else installed (a GPU
@@ -9,6 +10,7 @@ required: a run on device-resident data needs neither grain nor tensorflow-datas
 
 import importlib
 import importlib.metadata
+import os
 import re
 import sys
 from pathlib import Path
@@ -93,9 +95,20 @@ def check(modules: dict) -> None:
   )
 
 
+def for_devices(n_devices: int, backend: str) -> dict:
+  """This process's environment for a child run on `n_devices` of `backend` ("gpu" or "cpu")."""
+  env = dict(os.environ)
+  if backend == "gpu":
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(n_devices))
+  else:
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f]
+    env["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={n_devices}"])
+  return env
+
+
 if __name__ == "__main__":  # launch.sh's check before the suite runs
   try:
-    check({**CORE, **TESTS})
+    check({**CORE, **TESTS, **PLOTS})  # the suite tests the tools too
   except UserError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(EXIT_USER_ERROR)

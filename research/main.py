@@ -137,14 +137,40 @@ def default_workdir(spec: str) -> Path:
   return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def run(argv: list[str]) -> int:
-  """Runs what the command line asks for; returns the exit code (0, or 130 after a Ctrl-C)."""
+def load_config(args, overrides):
+  """The config `--config` names, with the `--config.FIELD=VALUE` overrides applied."""
   from research import configuration  # imports the packages environment.CORE checked
 
-  args, overrides = parse_args(argv)
   config = configuration.load(args.config)
   for field, value in overrides:
     configuration.override(config, field, value)
+  return config
+
+
+def checked_workdir(args, config) -> Path:
+  """The run's workdir (`--workdir`, or a new one under runs/), checked before anything is
+  written: writable, and holding nothing another config wrote."""
+  import jax
+
+  from research import workdir as workdir_lib
+
+  if jax.process_count() > 1 and not args.workdir:
+    raise UserError("multi-process runs need --workdir=DIR on a filesystem all hosts share")
+  workdir = Path(args.workdir).expanduser() if args.workdir else default_workdir(args.config)
+  workdir_lib.check_writable(workdir)
+  workdir_lib.check_resumable(workdir, config, args.allow_config_change)
+  return workdir
+
+
+def run(argv: list[str]) -> int:
+  """Runs what the command line asks for; returns the exit code (0, or 130 after a Ctrl-C)."""
+  args, overrides = parse_args(argv)
+  config = load_config(args, overrides)
+  if config.get("scaling_report"):  # a measurement tool, run by launch.sh; never imported here
+    raise UserError(
+      "scaling_report=True runs the scaling report: start it with ./launch.sh (it runs "
+      "python -m tools.scaling)"
+    )
   if config.get("keep_freed_host_memory", True):
     host_memory.keep_freed_memory()  # before JAX starts its threads
   lost_after = config.get("lost_process_after_sec", peers.LOST_AFTER_SEC)
@@ -159,17 +185,11 @@ def run(argv: list[str]) -> int:
 
 
 def _run_checked(args, overrides, config) -> int:
-  import jax
 
   from research import workdir as workdir_lib
 
   check_processes_agree(config)
-
-  if jax.process_count() > 1 and not args.workdir:
-    raise UserError("multi-process runs need --workdir=DIR on a filesystem all hosts share")
-  workdir = Path(args.workdir).expanduser() if args.workdir else default_workdir(args.config)
-  workdir_lib.check_writable(workdir)
-  workdir_lib.check_resumable(workdir, config, args.allow_config_change)
+  workdir = checked_workdir(args, config)
   with workdir_lib.write_errors_are_user_errors(workdir):
     return _run_in(workdir, config, args, overrides)
 
@@ -181,20 +201,6 @@ def _run_in(workdir: Path, config, args, overrides) -> int:
   from research import workdir as workdir_lib
   from research.preemption import Preempted
 
-  if config.experiment == "train" and config.scaling_report:
-    from research import scaling, validate
-    from research.measure import Stopped
-
-    environment.check(environment.PLOTS)
-    validate.train_config(config, jax.local_device_count())  # every device count, up front
-    workdir_lib.prepare(workdir, config)
-    try:
-      scaling.run(config, args.config, overrides, workdir)
-    except (Stopped, KeyboardInterrupt) as e:
-      why = "interrupted (Ctrl-C)" if isinstance(e, KeyboardInterrupt) else "stopped (SIGTERM)"
-      print(f"scaling report {why} before it measured every device count; nothing written")
-      return EXIT_INTERRUPTED if isinstance(e, KeyboardInterrupt) else 0
-    return 0
   if config.experiment == "train":
     from research.train import train_and_evaluate
 

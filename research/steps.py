@@ -7,13 +7,14 @@ shard it gathers from, or a batch host workers decoded and prefetched.
 
 from typing import Any, NamedTuple
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 from flax.training import train_state
 from jax import lax
 
-from research.models import EXAMPLES
+from research import cpu_forms
 
 AXIS = "devices"  # the one pmap axis: every lax.pmean/psum and every BatchNorm names it
 
@@ -33,12 +34,6 @@ class Examples(NamedTuple):
   ids: Any = None  # int32 [per_device_batch]: each example's identity (augment's Context)
 
 
-def cross_entropy(logits, labels, num_classes: int, label_smoothing: float):
-  """Mean softmax cross-entropy in float32, with optional label smoothing."""
-  targets = optax.smooth_labels(jax.nn.one_hot(labels, num_classes), label_smoothing)
-  return optax.softmax_cross_entropy(logits.astype(jnp.float32), targets).mean()
-
-
 def device_rngs(rng):
   """This device's (augment, dropout) keys: the step's key with the device index folded in."""
   return jax.random.split(jax.random.fold_in(rng, lax.axis_index(AXIS)))
@@ -52,7 +47,7 @@ def micro_batch_size(configured: int, per_device_batch: int, batch_norm: bool, b
   CPU for models without BatchNorm, else the whole per-device batch.
 
   The step averages its micro-batches' gradients: the whole batch's gradient, to float
-  rounding (dropout masks are per example, research/models/layers.py). XLA:CPU runs small
+  rounding (dropout masks are per example, `dropout_per_example`). XLA:CPU runs small
   convolutions fastest per example, and the unrolled micro-batches run side by side on its
   cores (docs/cpu_step.md). BatchNorm would normalize each micro-batch with its own
   statistics, which changes training, so auto never splits a model that has it.
@@ -63,15 +58,44 @@ def micro_batch_size(configured: int, per_device_batch: int, batch_norm: bool, b
   return CPU_MICRO_BATCH if auto else per_device_batch
 
 
+def dropout_per_example(index):
+  """A context in which every `nn.Dropout` draws each example's mask from its key and the
+  example's `index` [batch] (its position in the device batch), so a step that splits its
+  batch into micro-batches drops exactly the units the whole batch would. A dropout that
+  shares one mask over the batch (`broadcast_dims` with 0) runs as flax has it."""
+
+  def interceptor(next_fun, args, kwargs, context):
+    if not (isinstance(context.module, nn.Dropout) and context.method_name == "__call__"):
+      return next_fun(*args, **kwargs)
+    return _dropout(context.module, index, next_fun, *args, **kwargs)
+
+  return nn.intercept_methods(interceptor)
+
+
+def _dropout(dropout: nn.Dropout, index, next_fun, inputs, deterministic=None, rng=None):
+  """`nn.Dropout.__call__` with one mask per example."""
+  deterministic = nn.merge_param("deterministic", dropout.deterministic, deterministic)
+  shape = list(inputs.shape)
+  for dim in dropout.broadcast_dims:
+    shape[dim] = 1
+  per_example = shape[0] == index.shape[0] == inputs.shape[0]
+  if deterministic or dropout.rate in (0.0, 1.0) or not per_example:
+    return next_fun(inputs, deterministic, rng)
+  keep = 1.0 - dropout.rate
+  key = dropout.make_rng(dropout.rng_collection) if rng is None else rng
+  draw = lambda i: jax.random.bernoulli(jax.random.fold_in(key, i), keep, shape[1:])
+  mask = jax.vmap(draw)(index)  # [batch, ...]: one mask per example
+  return jnp.where(mask, inputs / keep, jnp.zeros_like(inputs))
+
+
 def train_step(
   state,
   batch,
   *,
   gather,
   augment,
-  num_classes,
-  label_smoothing,
-  aux_loss_weight,
+  loss,
+  num_classes: int,
   micro_batch=None,
   loss_scale=1.0,
 ):
@@ -79,38 +103,37 @@ def train_step(
 
   Args:
     batch: this device's batch; `gather(step, batch)` gives the step's `Examples`.
+    loss: `(logits, targets, intermediates) -> [batch]` per-example losses (research/models).
     micro_batch: examples per forward/backward pass (`micro_batch_size`; None: all at once).
     loss_scale: the gradient is that of the mean loss over the global batch times this
       (the global batch size: the summed loss, `loss_reduction="sum"`); the logged loss is
       the mean.
   """
   ex = gather(state.step, batch)
-  images_u8, labels = ex.images_u8, ex.labels
   augment_rng, dropout_rng = device_rngs(ex.rng)
-  images = augment(augment_rng, images_u8, ex.sizes, epoch=ex.epoch, ids=ex.ids)
-  per_device_batch = labels.shape[0]
+  targets = jax.nn.one_hot(ex.labels, num_classes)  # [per_device_batch, classes]
+  images, targets = augment(
+    augment_rng, ex.images_u8, ex.sizes, epoch=ex.epoch, ids=ex.ids, targets=targets
+  )
+  per_device_batch = targets.shape[0]
   micro_batch = micro_batch or per_device_batch
   n_micro = per_device_batch // micro_batch
 
-  positions = jnp.arange(micro_batch)
-
   def loss_fn(params, batch_stats, part):
-    outputs, updates = state.apply_fn(
-      {"params": params, "batch_stats": batch_stats, EXAMPLES: {"index": part.start + positions}},
-      images[part],
-      train=True,
-      rngs={"dropout": dropout_rng},
-      mutable=["batch_stats"],
-    )
-    logits, aux_logits = outputs if isinstance(outputs, tuple) else (outputs, None)
-    loss = cross_entropy(logits, labels[part], num_classes, label_smoothing)
-    if aux_logits is not None:  # Inception's auxiliary head
-      aux_loss = cross_entropy(aux_logits, labels[part], num_classes, label_smoothing)
-      loss += aux_loss_weight * aux_loss
-    correct = jnp.sum(logits.argmax(-1) == labels[part])
-    return loss * loss_scale / n_micro, (correct, updates.get("batch_stats", {}))
+    # The model as written; from outside it, dropout per example and (on CPU) the CPU forms.
+    with dropout_per_example(jnp.arange(part.start, part.stop)), cpu_forms.applied():
+      logits, updates = state.apply_fn(
+        {"params": params, "batch_stats": batch_stats},
+        images[part],
+        train=True,
+        rngs={"dropout": dropout_rng},
+        mutable=["batch_stats", "intermediates"],
+      )
+    losses = loss(logits, targets[part], updates.get("intermediates", {}))
+    correct = jnp.sum(logits.argmax(-1) == ex.labels[part])  # each example's own label
+    return losses.mean() * loss_scale / n_micro, (correct, updates.get("batch_stats", {}))
 
-  loss, correct, grads, batch_stats = 0.0, 0, None, state.batch_stats
+  total, correct, grads, batch_stats = 0.0, 0, None, state.batch_stats
   # A Python loop, unrolled when traced: XLA:CPU runs the micro-batches' independent
   # convolutions side by side on its cores (a lax.scan runs them one after another).
   for start in range(0, per_device_batch, micro_batch):
@@ -119,11 +142,11 @@ def train_step(
       loss_fn, has_aux=True
     )(state.params, batch_stats, part)
     grads = part_grads if grads is None else jax.tree.map(jnp.add, grads, part_grads)
-    loss, correct = loss + part_loss, correct + part_correct
+    total, correct = total + part_loss, correct + part_correct
   # Every device gets the gradient of the mean loss over the GLOBAL batch. BatchNorm already
   # reduced its statistics over AXIS, so batch_stats agree on every device without a pmean.
   grads = lax.pmean(grads, AXIS)
-  metrics = lax.pmean({"loss": loss / loss_scale, "accuracy": correct / per_device_batch}, AXIS)
+  metrics = lax.pmean({"loss": total / loss_scale, "accuracy": correct / per_device_batch}, AXIS)
   new_state = state.apply_gradients(grads=grads, batch_stats=batch_stats)
   metrics["grad_norm"] = optax.tree.norm(grads)
   metrics["param_norm"] = optax.tree.norm(new_state.params)
@@ -143,9 +166,14 @@ def eval_sums(state, images_u8, labels, mask, sizes=None, *, preprocess):
   views (`preprocess.weights`), the logits are the views' weighted mean, and
   `correct_first_view` counts the first view's correct predictions alone."""
   images = preprocess(jax.random.key(0), images_u8, sizes)  # deterministic ops only
-  apply = lambda x: state.apply_fn(
-    {"params": state.params, "batch_stats": state.batch_stats}, x, train=False
-  ).astype(jnp.float32)
+
+  def apply(x):
+    with cpu_forms.applied():
+      logits = state.apply_fn(
+        {"params": state.params, "batch_stats": state.batch_stats}, x, train=False
+      )
+    return logits.astype(jnp.float32)
+
   sums = {}
   if preprocess.weights:  # images: [views, batch, H, W, C], one view after another
     per_view = lax.map(apply, images)  # [views, batch, classes]

@@ -50,6 +50,8 @@ class Training:
   num_steps: int
   per_device_batch: int
   micro_batch: int  # examples per forward/backward pass on each device
+  eval_every: int  # steps between periodic evals (0: at the end only)
+  checkpoint_every: int  # steps between checkpoints (0: by time and at the end only)
 
 
 def setup(config: ml_collections.ConfigDict) -> Training:
@@ -84,9 +86,8 @@ def setup(config: ml_collections.ConfigDict) -> Training:
     steps.train_step,
     gather=inputs.gather,
     augment=checked.augment,
+    loss=functools.partial(models.loss(config.model), config=config),
     num_classes=config.model.num_classes,
-    label_smoothing=config.label_smoothing,
-    aux_loss_weight=config.aux_loss_weight,
     micro_batch=micro_batch,
     loss_scale=config.batch_size if config.loss_reduction == "sum" else 1.0,
   )
@@ -100,7 +101,19 @@ def setup(config: ml_collections.ConfigDict) -> Training:
     num_steps,
     checked.per_device_batch,
     micro_batch,
+    every_steps(config.eval_every_steps, config.eval_every_epochs, inputs.steps_per_epoch),
+    every_steps(
+      config.checkpoint_every_steps, config.checkpoint_every_epochs, inputs.steps_per_epoch
+    ),
   )
+
+
+def every_steps(steps: int, epochs: float, steps_per_epoch: int) -> int:
+  """Steps between periodic evals or checkpoints: `steps` where > 0 (it overrides epochs, as
+  num_train_steps does num_epochs), else `epochs` epochs (at least 1 step), else 0 (off)."""
+  if steps > 0:
+    return steps
+  return max(1, round(epochs * steps_per_epoch)) if epochs > 0 else 0
 
 
 def _from_data(config, inputs: Inputs, preprocess) -> Callable:
@@ -227,8 +240,7 @@ def train_and_evaluate(
   Returns the final eval record. Raises Preempted after saving a checkpoint on SIGTERM or
   Ctrl-C. A resume on other data than `workdir` recorded is an error unless `allow_data_change`.
   """
-  workdir = Path(workdir)
-  is_main = jax.process_index() == 0
+  workdir, is_main = Path(workdir), jax.process_index() == 0
   training = setup(config)
   inputs, num_steps = training.inputs, training.num_steps
   if inputs.fallback_reason and is_main:
@@ -242,111 +254,21 @@ def train_and_evaluate(
     total=num_steps, unit="step", disable=not (is_main and sys.stdout.isatty()), leave=False
   )
   echo = bar.write if not bar.disable else functools.partial(print, flush=True)
-  checkpoints = checkpoint.Checkpoints(workdir, config, echo=echo)
-  state = checkpoints.restore_latest(training.state)  # one that does not fit: UserError
+  checkpoints = checkpoint.Checkpoints(workdir, config, echo, training.checkpoint_every)
+  state, extra_times = _initial_state(config, training, checkpoints, workdir)
   start_step = int(state.step)
-  if start_step > num_steps:
-    raise UserError(
-      f"{workdir} holds a checkpoint of step {start_step}, past this run's {num_steps} steps; "
-      f"resume with num_train_steps >= {start_step}, or use a new --workdir"
-    )
-  extra_times = {}  # for the final eval's record
-  if not start_step:
-    start = time.perf_counter()
-    state = training.from_data(state)
-    if models.init_from_data(config.model):
-      extra_times["init_from_data_sec"] = time.perf_counter() - start
   profiler = Profiler(config, workdir, start_step, echo)  # its window is checked here
   workdir_lib.prepare(workdir, config, data_identity)  # all checked: from here on we write
   bar.update(start_step)
   log = MetricsLog(workdir, dataset_used=inputs.name, enabled=is_main, echo=echo)
   if is_main:
-    before = _last_device_count(workdir) if start_step else None
-    _write_metadata(workdir, config, training)
-    _describe(config, training, state, echo)
-    if inputs.summary:
-      echo(inputs.summary + _list_left_out(workdir, inputs))
-    if start_step:
-      echo(f"resumed from the checkpoint at step {start_step}")
-    if before and before != jax.device_count():
-      echo(
-        f"note: the launch before this one ran on {before} devices, this one on "
-        f"{jax.device_count()}: the state and global batch are the same, the batches drawn "
-        f"from here on are not those {before} devices would draw (docs/long_runs.md)"
-      )
-  rstate = replicate(state)
-  skipped_at_start = len(inputs.skipped_files())
-
-  def evaluate(step, rstate, all_views=True, **extra):
-    """An eval record; periodic evals (all_views=False) use the eval's first view only."""
-    start = time.perf_counter()
-    totals = inputs.evaluate(rstate, all_views)
-    record = {
-      "step": step,
-      "eval_loss": float(totals["loss_sum"] / totals["count"]),
-      "eval_accuracy": float(totals["correct"] / totals["count"]),
-      "eval_examples": int(totals["count"]),
-      "eval_sec": time.perf_counter() - start,
-      "elapsed_sec": clock.since_launch(),  # this launch's wall clock, as train records'
-      **extra,
-    }
-    if "correct_first_view" in totals:  # test-time augmentation: the plain accuracy too
-      record["eval_accuracy_first_view"] = float(totals["correct_first_view"] / totals["count"])
-    log.eval(record)
-    return record
-
-  def eval_and_checkpoint(step, rstate):
-    """The periodic eval and checkpoint, off the training clock."""
-    eval_due = config.eval_every_steps and step % config.eval_every_steps == 0
-    save_due = checkpoints.due(step)
-    if not (eval_due or save_due):
-      return
-    jax.block_until_ready(rstate)  # dispatched steps finish on the training clock
-    with clock.pause():
-      if eval_due:
-        evaluate(step, rstate, all_views=False)
-      if save_due:
-        start = time.perf_counter()
-        checkpoints.save(step, _finite_or_stop(first_replica(rstate), step, checkpoints))
-        echo(
-          f"checkpoint at step {step}: training paused {time.perf_counter() - start:.3f} s "
-          "(device→host copy; the write goes on in the background)"
-        )
-
-  def finish(rstate, preemption):
-    """The final checkpoint, then the final eval (every view) with this launch's training
-    time: a stop during the eval loses no training, and the write overlaps the eval."""
-    jax.block_until_ready(rstate)
-    train_sec = clock.training()  # compile, evals and checkpoints excluded
-    preemption.training = False
-    checkpoints.save(num_steps, _finite_or_stop(first_replica(rstate), num_steps, checkpoints))
-    final = evaluate(num_steps, rstate, train_sec=train_sec, **extra_times)
-    if is_main and start_step < num_steps:
-      echo(
-        f"trained steps {start_step + 1}-{num_steps} in {train_sec:.1f} s (compile, evals "
-        "and checkpoints excluded)"
-      )
-    return final
-
+    _announce(workdir, config, training, state, echo)
+  rstate, skipped_at_start = replicate(state), len(inputs.skipped_files())
   stream = inputs.batches(start_step)
   first_batch = next(stream)
   preview = augmented_preview(inputs.gather, training.augment, start_step, first_batch)
   log.images("augmented_batch", preview, start_step)
-  # The step that is run: steps.train_step for ONE device (setup binds its data gathering,
-  # augmentation, loss and micro-batch), on every device in parallel, compiled ahead.
-  compile_start = time.perf_counter()
-  p_train_step = jax.pmap(training.train_step, axis_name=AXIS, donate_argnums=(0,))
-  p_train_step = p_train_step.lower(rstate, first_batch).compile()
-  extra_times["compile_sec"] = compile_sec = time.perf_counter() - compile_start
-  compiled = f"compiled the train step in {compile_sec:.1f} s"
-  if inputs.compile_evals:
-    periodic = bool(config.eval_every_steps) and config.eval_every_steps < num_steps
-    compile_start = time.perf_counter()
-    inputs.compile_evals(rstate, (True, False) if periodic else (True,))
-    extra_times["eval_compile_sec"] = time.perf_counter() - compile_start
-    compiled += f", the eval in {extra_times['eval_compile_sec']:.1f} s"
-  if is_main:
-    echo(compiled)
+  p_train_step = _compiled_step(training, rstate, first_batch, extra_times, echo, is_main)
   wait_for_all(f"compiled-{start_step}")  # the step's first collectives start together
   batches = itertools.chain([first_batch], stream)
   progress = Progress(config, log, training.schedule, start_step, num_steps, echo, checkpoints)
@@ -377,28 +299,144 @@ def train_and_evaluate(
           checkpoints.save(step, _finite_or_stop(first_replica(rstate), step, checkpoints))
           raise Preempted(step, preemption.interrupted)
         if step < num_steps:
-          eval_and_checkpoint(step, rstate)
-      final = finish(rstate, preemption)
+          _periodic(step, rstate, training, log, clock, checkpoints, echo)
+      jax.block_until_ready(rstate)
+      train_sec = clock.training()  # compile, evals and checkpoints excluded
+      preemption.training = False
+      # The last checkpoint first, then the final eval (every view): a stop during the eval
+      # loses no training, and the write overlaps the eval.
+      checkpoints.save(num_steps, _finite_or_stop(first_replica(rstate), num_steps, checkpoints))
+      final = evaluate(inputs, rstate, num_steps, log, clock, train_sec=train_sec, **extra_times)
+      if is_main and start_step < num_steps:
+        echo(
+          f"trained steps {start_step + 1}-{num_steps} in {train_sec:.1f} s (compile, evals "
+          "and checkpoints excluded)"
+        )
     finally:
-      # The callbacks run last-registered first, each even if one before it raises: the
-      # decode workers stop, the bar, a checkpoint write in flight finishes (never left
-      # half-done), the log closes, and the synthetic-data banner comes last.
-      with contextlib.ExitStack() as cleanup:
-        if inputs.fallback_reason and is_main:
-          message = f"THIS RUN TRAINED ON SYNTHETIC DATA, NOT CIFAR-10.\n{inputs.fallback_reason}"
-          cleanup.callback(print, _banner(message), flush=True)
-        cleanup.callback(log.close)
-        cleanup.callback(checkpoints.close)
-        cleanup.callback(bar.close)
-        cleanup.callback(getattr(stream, "close", lambda: None))
-  skipped = len(inputs.skipped_files())
-  if skipped != skipped_at_start and is_main:  # streamed: found as the files are read
-    echo(
-      f"skipped {skipped:,} undecodable files (skip_bad_images){_list_left_out(workdir, inputs)}"
-    )
-    with open(workdir / "metadata.jsonl", "a") as f:
-      f.write(json.dumps({"time": time.time(), "skipped_images": skipped}) + "\n")
+      _close(inputs, is_main, log, checkpoints, bar, stream)
+  _note_skipped(workdir, inputs, skipped_at_start, echo if is_main else None)
   return final
+
+
+def _initial_state(config, training: Training, checkpoints, workdir: Path):
+  """(state, times): the newest checkpoint's state, else the initial one with the parameters
+  the model computes from data; times: what that took, for the final eval's record."""
+  state = checkpoints.restore_latest(training.state)  # one that does not fit: UserError
+  start_step, times = int(state.step), {}
+  if start_step > training.num_steps:
+    raise UserError(
+      f"{workdir} holds a checkpoint of step {start_step}, past this run's "
+      f"{training.num_steps} steps; resume with num_train_steps >= {start_step}, or use a new "
+      "--workdir"
+    )
+  if not start_step:
+    start = time.perf_counter()
+    state = training.from_data(state)
+    if models.init_from_data(config.model):
+      times["init_from_data_sec"] = time.perf_counter() - start
+  return state, times
+
+
+def _announce(workdir: Path, config, training: Training, state, echo) -> None:
+  """Process 0's records and lines before the first step: metadata, the run, its data."""
+  start_step = int(state.step)
+  before = _last_device_count(workdir) if start_step else None
+  _write_metadata(workdir, config, training)
+  _describe(config, training, state, echo)
+  if training.inputs.summary:
+    echo(training.inputs.summary + _list_left_out(workdir, training.inputs))
+  if start_step:
+    echo(f"resumed from the checkpoint at step {start_step}")
+  if before and before != jax.device_count():
+    echo(
+      f"note: the launch before this one ran on {before} devices, this one on "
+      f"{jax.device_count()}: the state and global batch are the same, the batches drawn "
+      f"from here on are not those {before} devices would draw (docs/long_runs.md)"
+    )
+
+
+def _compiled_step(training: Training, rstate, first_batch, times: dict, echo, is_main: bool):
+  """The step that is run: steps.train_step for ONE device (setup binds its data gathering,
+  augmentation, loss and micro-batch), on every device in parallel, compiled ahead; the
+  evals too. Their compile times go into `times`."""
+  start = time.perf_counter()
+  p_train_step = jax.pmap(training.train_step, axis_name=AXIS, donate_argnums=(0,))
+  p_train_step = p_train_step.lower(rstate, first_batch).compile()
+  times["compile_sec"] = time.perf_counter() - start
+  compiled = f"compiled the train step in {times['compile_sec']:.1f} s"
+  inputs = training.inputs
+  if inputs.compile_evals:
+    periodic = 0 < training.eval_every < training.num_steps
+    start = time.perf_counter()
+    inputs.compile_evals(rstate, (True, False) if periodic else (True,))
+    times["eval_compile_sec"] = time.perf_counter() - start
+    compiled += f", the eval in {times['eval_compile_sec']:.1f} s"
+  if is_main:
+    echo(compiled)
+  return p_train_step
+
+
+def evaluate(inputs: Inputs, rstate, step: int, log, clock, all_views=True, **extra) -> dict:
+  """An eval record, logged; periodic evals (all_views=False) use the eval's first view only."""
+  start = time.perf_counter()
+  totals = inputs.evaluate(rstate, all_views)
+  record = {
+    "step": step,
+    "eval_loss": float(totals["loss_sum"] / totals["count"]),
+    "eval_accuracy": float(totals["correct"] / totals["count"]),
+    "eval_examples": int(totals["count"]),
+    "eval_sec": time.perf_counter() - start,
+    "elapsed_sec": clock.since_launch(),  # this launch's wall clock, as train records'
+    **extra,
+  }
+  if "correct_first_view" in totals:  # test-time augmentation: the plain accuracy too
+    record["eval_accuracy_first_view"] = float(totals["correct_first_view"] / totals["count"])
+  log.eval(record)
+  return record
+
+
+def _periodic(step: int, rstate, training: Training, log, clock, checkpoints, echo) -> None:
+  """The periodic eval and checkpoint after `step`, off the training clock."""
+  eval_due = training.eval_every and step % training.eval_every == 0
+  save_due = checkpoints.due(step)
+  if not (eval_due or save_due):
+    return
+  jax.block_until_ready(rstate)  # dispatched steps finish on the training clock
+  with clock.pause():
+    if eval_due:
+      evaluate(training.inputs, rstate, step, log, clock, all_views=False)
+    if save_due:
+      start = time.perf_counter()
+      checkpoints.save(step, _finite_or_stop(first_replica(rstate), step, checkpoints))
+      echo(
+        f"checkpoint at step {step}: training paused {time.perf_counter() - start:.3f} s "
+        "(device→host copy; the write goes on in the background)"
+      )
+
+
+def _close(inputs: Inputs, is_main: bool, log, checkpoints, bar, stream) -> None:
+  """The end of a launch, however it ends. The callbacks run last-registered first, each even
+  if one before it raises: the decode workers stop, the bar, a checkpoint write in flight
+  finishes (never left half-done), the log closes, and the synthetic-data banner comes last."""
+  with contextlib.ExitStack() as cleanup:
+    if inputs.fallback_reason and is_main:
+      message = f"THIS RUN TRAINED ON SYNTHETIC DATA, NOT CIFAR-10.\n{inputs.fallback_reason}"
+      cleanup.callback(print, _banner(message), flush=True)
+    cleanup.callback(log.close)
+    cleanup.callback(checkpoints.close)
+    cleanup.callback(bar.close)
+    cleanup.callback(getattr(stream, "close", lambda: None))
+
+
+def _note_skipped(workdir: Path, inputs: Inputs, skipped_at_start: int, echo) -> None:
+  """Streamed data finds undecodable files as it reads them: said, listed and recorded at the
+  end (by process 0: `echo`; None elsewhere)."""
+  skipped = len(inputs.skipped_files())
+  if skipped == skipped_at_start or echo is None:
+    return
+  echo(f"skipped {skipped:,} undecodable files (skip_bad_images){_list_left_out(workdir, inputs)}")
+  with open(workdir / "metadata.jsonl", "a") as f:
+    f.write(json.dumps({"time": time.time(), "skipped_images": skipped}) + "\n")
 
 
 LEFT_OUT = "data_left_out.txt"

@@ -1,13 +1,12 @@
 """Every check of a training config that needs neither its data nor a compile, in one place.
 
 `train_config` runs before anything is loaded, compiled or written (train.setup calls it, and
-research/main.py calls it for the scaling report), so a mistake costs one `error:` line.
+the scaling report, tools/scaling.py, before its first run), so a mistake costs one `error:` line.
 Checks that need more live where that is known: shard sizes and class counts with the data,
 the profile window against the resumed step (train.Profiler), the checkpoint's layout.
 """
 
 import difflib
-import math
 import re
 from collections.abc import Callable
 from typing import NamedTuple
@@ -15,12 +14,11 @@ from typing import NamedTuple
 import ml_collections
 
 from research import augment as augment_lib
-from research import models, optim, scaling
+from research import models, optim
 from research.data import CLASSES, DATASETS, PLACEMENTS, check_num_classes
 from research.errors import UserError
 
 DTYPES = ("float32", "bfloat16", "float16")
-MIN_SCALING_STEPS = 15  # the report skips the first two log intervals (warm-up)
 
 # (field, smallest allowed value): integer fields whose lower bound is not obvious from use.
 INT_FIELDS = (
@@ -59,6 +57,8 @@ RANGES = (
   ("synthetic_noise", ">= 0", lambda x: x >= 0),
   ("log_every_seconds", "> 0", lambda x: x > 0),
   ("checkpoint_every_minutes", ">= 0 (0: off)", lambda x: x >= 0),
+  ("eval_every_epochs", ">= 0 (0: off)", lambda x: x >= 0),
+  ("checkpoint_every_epochs", ">= 0 (0: off)", lambda x: x >= 0),
 )
 
 # The same for the model's fields, where its model has them.
@@ -107,23 +107,6 @@ def batch_sizes(config, n_devices: int) -> int:
         f"use a multiple of {n_devices} (e.g. {near})"
       )
   return config.batch_size // n_devices
-
-
-def _scaling(config, n_devices: int) -> None:
-  """Every device count the report will run, checked before the first one starts."""
-  if config.scaling_steps < MIN_SCALING_STEPS:
-    raise UserError(
-      f"scaling_steps={config.scaling_steps} is too few to measure; use at least "
-      f"{MIN_SCALING_STEPS}"
-    )
-  counts = scaling.device_counts(n_devices)
-  fields = ("batch_size", "eval_batch_size") if config.scaling_strong else ("eval_batch_size",)
-  for field in fields:  # weak scaling sets batch_size per count; these stay as they are
-    if bad := [n for n in counts if config[field] % n]:
-      raise UserError(
-        f"the scaling report runs {field}={config[field]} on {counts} devices; it does not "
-        f"divide over {bad[0]}; use a multiple of {math.lcm(*counts)}"
-      )
 
 
 GROUP_RANGES = (
@@ -196,6 +179,11 @@ def train_config(config: ml_collections.ConfigDict, n_devices: int) -> Checked:
   if augment.weights:
     raise UserError(f"augment={config.augment!r} ends in a views op; views are for eval_preprocess")
   eval_preprocess = augment_lib.build(config.eval_preprocess, config.seed)
+  if eval_preprocess.mixes:
+    raise UserError(
+      f"eval_preprocess={config.eval_preprocess!r} mixes examples; mixup and cutmix are for "
+      "augment (training) only"
+    )
   if augment.values != eval_preprocess.values:
     raise UserError(
       f"augment={config.augment!r} maps pixel values by {augment.values} but eval_preprocess="
@@ -214,6 +202,4 @@ def train_config(config: ml_collections.ConfigDict, n_devices: int) -> Checked:
       f"examples per device (batch_size={config.batch_size} over {n_devices} devices); "
       "use a divisor of it, or 0 for auto"
     )
-  if config.scaling_report:
-    _scaling(config, n_devices)
   return Checked(per_device_batch, augment, eval_preprocess)

@@ -102,3 +102,53 @@ def test_devices_of_one_step_draw_different_crops_and_a_seed_and_step_draw_the_s
 def test_bad_pipeline_is_a_user_error(spec):
   with pytest.raises(UserError, match="augmentation op"):
     augment.build(spec)
+
+
+def _mixed(spec: str, n=8):
+  """(images [n, 32, 32, 3], the pipeline's output images and targets) for one-hot targets of
+  n different classes, so each output target says how much of which example it holds."""
+  images = _images(n)
+  targets = np.eye(n, dtype=np.float32)
+  out, mixed = jax.jit(augment.build(spec))(jax.random.key(0), images, targets=targets)
+  return images.astype(np.float32) / 255.0, np.asarray(out), np.asarray(mixed)
+
+
+def test_mixup_mixes_each_label_with_the_weights_of_its_pixels():
+  images, out, mixed = _mixed("mixup(0.4)")
+  for i in range(len(images)):
+    partner = i ^ 1  # neighbours in the (randomly ordered) batch
+    lam = mixed[i, i]
+    assert 0 < lam < 1 and lam + mixed[i, partner] == pytest.approx(1)
+    np.testing.assert_allclose(out[i], lam * images[i] + (1 - lam) * images[partner], atol=1e-6)
+  assert len(set(np.round(np.diag(mixed), 6))) == len(images)  # a weight per example
+
+
+def test_cutmix_takes_a_box_from_the_neighbour_and_its_label_by_the_box_s_share():
+  _, out, mixed = _mixed("flip_lr|cutmix(1.0)")
+  _, flipped, _ = _mixed("flip_lr")  # the same keys: the images cutmix saw
+  for i in range(len(flipped)):
+    partner = i ^ 1
+    from_partner = np.all(out[i] == flipped[partner], axis=-1) & np.any(
+      out[i] != flipped[i], axis=-1
+    )
+    own = np.all(out[i] == flipped[i], axis=-1)
+    assert np.all(from_partner | own)  # every pixel is the image's own or its neighbour's
+    rows, cols = np.nonzero(from_partner)
+    if rows.size:  # a box: every pixel between its corners comes from the neighbour
+      box = (slice(rows.min(), rows.max() + 1), slice(cols.min(), cols.max() + 1))
+      assert np.all(out[i][box] == flipped[partner][box])
+    taken = mixed[i, partner]
+    assert taken == pytest.approx(np.mean(~own | from_partner), abs=1 / 1024)
+    assert mixed[i, i] == pytest.approx(1 - taken)
+
+
+@pytest.mark.parametrize(
+  "spec, message",
+  [
+    ("mixup(0.2)|flip_lr", "comes after an op that mixes examples"),
+    ("mixup(0)", "alpha must be > 0"),
+  ],
+)
+def test_a_misplaced_or_bad_batch_op_is_a_user_error(spec, message):
+  with pytest.raises(UserError, match=message):
+    augment.build(spec)

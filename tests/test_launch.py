@@ -169,7 +169,9 @@ def machine(tmp_path):
 
 def test_a_gpu_venv_made_on_a_login_node_runs_on_the_gpu_node_without_pip(machine):
   calls = machine("setup", "--gpu", gpu=False)  # the login node: internet, no GPU
-  assert any("install -c requirements/cuda12.lock -e .[test,cuda12]" in c for c in calls), calls
+  assert any("install -c requirements/cuda12.lock -e .[tools,test,cuda12]" in c for c in calls), (
+    calls
+  )
   for gpu in (True, False):  # the GPU node (no internet), and the login node again
     calls = machine(SMOKE, gpu=gpu)
     assert calls == [f"-m research.main --config={SMOKE}"], calls
@@ -178,8 +180,20 @@ def test_a_gpu_venv_made_on_a_login_node_runs_on_the_gpu_node_without_pip(machin
 def test_a_cpu_venv_on_a_gpu_node_is_upgraded_to_the_gpu_set(machine):
   assert any("cpu.lock" in c for c in machine(SMOKE, gpu=False))
   calls = machine(SMOKE, gpu=True)
-  assert any("install -c requirements/cuda12.lock -e .[test,cuda12]" in c for c in calls), calls
+  assert any("install -c requirements/cuda12.lock -e .[tools,test,cuda12]" in c for c in calls), (
+    calls
+  )
   assert calls[-1] == f"-m research.main --config={SMOKE}"
+
+
+def test_the_scaling_report_runs_as_a_tool_and_the_other_commands_as_before(machine):
+  """The training library never imports the tools: launch.sh starts each."""
+  calls = machine(SMOKE, "--config.scaling_report=True", gpu=False)
+  assert calls[-1] == f"-m tools.scaling --config={SMOKE} --config.scaling_report=True"
+  assert machine("report", "--render", gpu=False)[-1] == "-m tools.report --render"
+  assert machine("bench", "--small", gpu=False)[-1] == "-m tools.benchmark --small"
+  calls = machine(SMOKE, "--config.scaling_report=False", gpu=False)
+  assert calls[-1] == f"-m research.main --config={SMOKE} --config.scaling_report=False"
 
 
 def _pypi_reachable() -> bool:

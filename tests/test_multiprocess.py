@@ -14,7 +14,7 @@ import jax
 import numpy as np
 import pytest
 
-from research import checkpoint, configuration, main, models, optim, peers, scaling
+from research import checkpoint, configuration, environment, main, models, optim, peers
 from research.errors import UserError
 from research.steps import AXIS, create_train_state
 
@@ -95,7 +95,7 @@ def _env(devices: int) -> dict:
   one process of 8 devices stepped from one of the pair's checkpoints (step 6) up to 3 % of
   what the step moved a lower layer's element away from the same step compiled as usual, where
   the pair stayed within rounding of it (2026-11-25, JAX 0.12.0.1, a 2-core AMD EPYC)."""
-  env = scaling.env_for(devices, "cpu")
+  env = environment.for_devices(devices, "cpu")
   flags = env["XLA_FLAGS"].split()
   env["XLA_FLAGS"] = " ".join(f for f in flags if "backend_optimization_level" not in f)
   return env
@@ -239,7 +239,7 @@ def test_a_lost_process_stops_the_other_soon_with_an_error_and_the_rerun_resumes
   two, survivor = tmp_path / "two", 1 - lost
   args = [
     "--config.num_train_steps=100000", "--config.log_every_steps=2",
-    "--config.checkpoint_every_steps=0", "--config.checkpoint_every_minutes=0.02",
+    "--config.checkpoint_every_epochs=0", "--config.checkpoint_every_minutes=0.02",
     f"--config.lost_process_after_sec={LOST_AFTER}",
   ]  # fmt: skip
   processes = _start_two(two, *args)

@@ -1,5 +1,6 @@
 """The README is a tested document: its fork recipe passes the suite as written."""
 
+import json
 import re
 import shutil
 import subprocess
@@ -47,5 +48,23 @@ def test_the_fork_recipe_copied_verbatim_passes_ruff_and_the_config_tests(tmp_pa
     timeout=600,
   )
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-  # It loads, has :smoke, trains, and its two documented commands pass the checks.
-  assert re.search(r"\b5 passed\b", result.stdout), result.stdout[-2000:]
+  # It loads, has :smoke, trains, and its documented commands pass the checks.
+  assert re.search(r"\b6 passed\b", result.stdout), result.stdout[-2000:]
+
+  # Its loss and mixup train: the focal loss is below cross-entropy from the first step on
+  # (the same initial parameters and batch), and the run with both ends with an eval.
+  def first_loss(variants):
+    workdir = scratch / "runs" / variants.replace(",", "-")
+    command = [
+      sys.executable,
+      "-m",
+      "research.main",
+      f"--config=configs/cifar_resnet.py:{variants}",
+    ]
+    command += [f"--workdir={workdir}", "--config.num_train_steps=2", "--config.log_every_steps=1"]
+    run = subprocess.run(command, cwd=scratch, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and "eval at step 2" in run.stdout, run.stderr[-2000:]
+    return json.loads((workdir / "metrics.jsonl").read_text().splitlines()[0])["loss"]
+
+  assert first_loss("smoke,focal") < first_loss("smoke")
+  first_loss("smoke,mixup,focal")

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from tensorboardX.proto import event_pb2
 
-from research import checkpoint, configuration, scaling
+from research import checkpoint, configuration, environment
 from research.errors import UserError
 from research.train import train_and_evaluate
 
@@ -31,7 +31,7 @@ ARGS = [
 
 
 def _start(workdir, devices=8, extra=(), program=("-m", "research.main")):
-  env = scaling.env_for(devices, "cpu")  # the suite's XLA flags, this device count
+  env = environment.for_devices(devices, "cpu")  # the suite's XLA flags, this device count
   return subprocess.Popen(
     [sys.executable, *program, "--config", SMOKE, f"--workdir={workdir}", *ARGS, *extra],
     stdout=subprocess.PIPE,
@@ -378,7 +378,7 @@ def test_checkpoints_come_by_time_too_and_the_clock_restarts_at_each(tmp_path, m
   now = [1000.0]
   monkeypatch.setattr(checkpoint.time, "monotonic", lambda: now[0])
   config = configuration.load(SMOKE)
-  config.update(checkpoint_every_steps=0, checkpoint_every_minutes=2.0)
+  config.update(checkpoint_every_epochs=0.0, checkpoint_every_minutes=2.0)
   ckpts = checkpoint.Checkpoints(tmp_path, config)
   try:
     now[0] += 119

@@ -1,5 +1,6 @@
 """The core invariant: N devices with global batch B take the same step as 1 device with B."""
 
+import contextlib
 import functools
 import itertools
 
@@ -12,9 +13,8 @@ import optax
 import pytest
 from jax import lax
 
-from research import augment, configuration, inputs, models, steps
+from research import augment, configuration, cpu_forms, inputs, models, steps
 from research.data import ImageDataset
-from research.models import layers
 from research.placement import first_replica, replicate
 from research.steps import AXIS, create_train_state, train_step
 from research.train import setup
@@ -33,7 +33,15 @@ def _as_given(step, batch):
   return steps.Examples(*batch)
 
 
-def _one_step(state, images_u8, labels, n_devices, aux_loss_weight=0.0):
+def _loss(label_smoothing=0.0, aux_loss_weight=0.0, model="vgg"):
+  """The loss a config of `model` with these fields trains by."""
+  config = ml_collections.ConfigDict(
+    dict(label_smoothing=label_smoothing, aux_loss_weight=aux_loss_weight)
+  )
+  return functools.partial(models.loss(ml_collections.ConfigDict({"name": model})), config=config)
+
+
+def _one_step(state, images_u8, labels, n_devices, loss=None):
   """One pmapped step over the first `n_devices`, the global batch split evenly."""
   devices = jax.local_devices()[:n_devices]
   step = jax.pmap(
@@ -41,9 +49,8 @@ def _one_step(state, images_u8, labels, n_devices, aux_loss_weight=0.0):
       train_step,
       gather=_as_given,
       augment=augment.build("standardize"),  # deterministic, so both runs see the same pixels
+      loss=loss or _loss(),
       num_classes=10,
-      label_smoothing=0.0,
-      aux_loss_weight=aux_loss_weight,
     ),
     axis_name=AXIS,
     devices=devices,
@@ -81,22 +88,23 @@ def test_one_step_on_8_devices_equals_one_step_on_1(batch, optimizer):
 
 
 class _TwoHeads(flax.linen.Module):
-  """Inception's interface: in training, (logits, auxiliary logits) from heads of their own."""
+  """Inception's interface: logits, and in training auxiliary logits sown by a head of their
+  own."""
 
   @flax.linen.compact
   def __call__(self, x, train: bool):
     x = x.reshape(len(x), -1)
-    logits, aux_logits = (
-      flax.linen.Dense(10, name="head")(x),
-      flax.linen.Dense(10, name="aux_head")(x),
-    )
-    return (logits, aux_logits) if train else logits
+    aux_logits = flax.linen.Dense(10, name="aux_head")(x)
+    if train:
+      self.sow("intermediates", "aux_logits", aux_logits)
+    return flax.linen.Dense(10, name="head")(x)
 
 
 def test_the_auxiliary_head_trains_by_its_loss_weight_and_leaves_the_main_head_alone(batch):
   state = create_train_state(jax.random.key(0), None, _TwoHeads(), (32, 32, 3), optax.sgd(0.1))
-  off, metrics_off = _one_step(state, *batch, n_devices=8, aux_loss_weight=0.0)
-  on, metrics_on = _one_step(state, *batch, n_devices=8, aux_loss_weight=0.4)  # inception_v3's
+  inception = functools.partial(_loss, model="inception_v3")  # the model module's own loss
+  off, metrics_off = _one_step(state, *batch, n_devices=8, loss=inception(aux_loss_weight=0.0))
+  on, metrics_on = _one_step(state, *batch, n_devices=8, loss=inception(aux_loss_weight=0.4))
   unchanged = jax.tree.map(np.array_equal, off.params["aux_head"], state.params["aux_head"])
   assert all(jax.tree.leaves(unchanged))
   assert not np.allclose(on.params["aux_head"]["kernel"], state.params["aux_head"]["kernel"])
@@ -113,9 +121,8 @@ def test_params_changed_and_replicas_agree(batch):
       train_step,
       gather=_as_given,
       augment=augment.build("crop(4)|flip_lr|standardize"),  # random, different per device
+      loss=_loss(),
       num_classes=10,
-      label_smoothing=0.0,
-      aux_loss_weight=0.0,
     ),
     axis_name=AXIS,
   )
@@ -201,7 +208,7 @@ def test_micro_batches_take_the_steps_of_the_whole_batch_dropout_included():
 def test_the_cpu_convolution_has_xla_s_value_and_gradients(size, kernel, strides, padding):
   images = jax.random.normal(jax.random.key(0), (4, size, size, 5))
   grads = []
-  for conv_fn in (lax.conv_general_dilated, layers.conv_general_dilated):
+  for conv_fn in (lax.conv_general_dilated, cpu_forms.conv_general_dilated):
     conv = flax.linen.Conv(6, kernel, strides, padding, conv_general_dilated=conv_fn)
     params = conv.init(jax.random.key(1), images)
     loss = lambda p, x, conv=conv: jnp.sum(jnp.sin(conv.apply(p, x)))
@@ -213,6 +220,24 @@ def test_the_cpu_convolution_has_xla_s_value_and_gradients(size, kernel, strides
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)  # sums in another order
 
 
+def test_a_plain_flax_conv_takes_the_cpu_form_only_inside_applied():
+  """Inside `cpu_forms.applied()`, an `nn.Conv` as any flax model writes it computes its
+  kernel gradient as matrix products; outside, XLA differentiates its convolution."""
+  conv = flax.linen.Conv(4, (3, 3))
+  images = jnp.ones((2, 8, 8, 3))
+  params = conv.init(jax.random.key(0), images)
+
+  def products(context):
+    def loss(p):
+      with context():
+        return jnp.sum(conv.apply(p, images))
+
+    return str(jax.make_jaxpr(jax.grad(loss))(params)).count("dot_general[")
+
+  assert products(contextlib.nullcontext) == 0
+  assert products(cpu_forms.applied) > 0
+
+
 @pytest.mark.parametrize("size", [30, 13])  # 13: the last row and column are not pooled
 def test_the_cpu_max_pool_has_xla_s_value_and_gradient_ties_included(size):
   values = jax.random.randint(jax.random.key(0), (4, size, size, 8), 0, 3)  # many ties
@@ -220,7 +245,7 @@ def test_the_cpu_max_pool_has_xla_s_value_and_gradient_ties_included(size):
   weights = jax.random.normal(jax.random.key(1), (size // 2, size // 2, 8))
   losses = [
     lambda x: jnp.sum(jnp.sin(flax.linen.max_pool(x, (2, 2), strides=(2, 2)) * weights)),
-    lambda x: jnp.sum(jnp.sin(layers.max_pool(x, 2) * weights)),
+    lambda x: jnp.sum(jnp.sin(cpu_forms.max_pool(x, 2) * weights)),
   ]
   (value, grad), (ours, ours_grad) = [jax.value_and_grad(loss)(images) for loss in losses]
   assert ours == value

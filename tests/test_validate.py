@@ -1,5 +1,6 @@
 """Config mistakes are one `error:` line, found before anything is loaded, compiled or written."""
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -139,13 +140,6 @@ def test_a_micro_batch_that_does_not_divide_the_device_batch_is_an_error():
     validate.train_config(config, 8)
 
 
-def test_a_scaling_report_checks_every_device_count_before_the_first_runs():
-  config = configuration.load(SMOKE)
-  config.update(scaling_report=True, scaling_strong=True, batch_size=18, eval_batch_size=18)
-  with pytest.raises(UserError, match=r"batch_size=18 on \[1, 2, 4, 6\] devices; .* over 4"):
-    validate.train_config(config, 6)  # 6 GPUs: 18 divides over 1, 2 and 6, not over 4
-
-
 def test_a_profile_window_before_the_resumed_step_or_past_the_last_is_an_error(tmp_path):
   config = configuration.load(SMOKE)
   config.update(num_train_steps=2, log_every_steps=1)
@@ -216,3 +210,20 @@ def test_synthetic_data_has_ten_classes_or_the_model_s_if_fewer(num_classes, cla
   data = load_in_memory(config)
   assert data.num_classes == classes
   assert set(data.train_labels) | set(data.test_labels) == set(range(classes))
+
+
+def test_evals_and_checkpoints_in_epochs_keep_their_schedule_when_the_batch_size_changes(
+  tmp_path,
+):
+  config = configuration.load(SMOKE)  # 1024 training examples
+  config.update(eval_every_epochs=1.0, checkpoint_every_epochs=2.0, num_train_steps=24)
+  config.batch_size = 128  # 8 steps an epoch
+  train_and_evaluate(config, str(tmp_path))
+  records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in records if "eval_accuracy" in r] == [8, 16, 24]
+  assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()) == [16, 24]
+  config.batch_size = 64  # 16 steps an epoch: the same epochs are other steps
+  assert (setup(config).eval_every, setup(config).checkpoint_every) == (16, 32)
+  config.update(eval_every_steps=5, checkpoint_every_epochs=0.0)  # steps win, as for length
+  training = setup(config)
+  assert (training.eval_every, training.checkpoint_every) == (5, 0)

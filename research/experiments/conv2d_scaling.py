@@ -28,7 +28,6 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import scipy.signal
 from jax import lax
 
 from research.errors import UserError
@@ -172,6 +171,8 @@ def scipy_conv(images: np.ndarray, kernel: np.ndarray, padding: str) -> np.ndarr
 
   correlate2d, because convolve2d flips the filter (the same for the write-up's ones filter).
   """
+  import scipy.signal  # the tools extra (environment.PLOTS), checked before the run
+
   images, kernel = images.astype(np.float32), kernel.astype(np.float32)
   mode = padding.lower()  # scipy's "same" centres even filters as XLA's SAME does
   c_in, c_out = kernel.shape[2:]

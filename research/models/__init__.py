@@ -1,10 +1,19 @@
 """Models are found by name: `config.model.name = 'vgg'` loads `research/models/vgg.py`.
 
-Each model module defines `create(model_config, axis_name) -> flax.linen.Module`. The module
-is called as `model.apply(variables, images, train=...)` on float images [batch, H, W, C]
-and returns logits [batch, num_classes] (Inception-v3 in training returns
-`(logits, aux_logits)`). `axis_name` is given to BatchNorm so statistics are averaged across
-replicas; it is None outside pmap. `layers.py` holds the layers models share; it is no model.
+Each model module defines `create(model_config, axis_name) -> flax.linen.Module`, a plain
+flax module (`nn.Conv`, `nn.Dropout`, `nn.BatchNorm`, ...). It is called as
+`model.apply(variables, images, train=...)` on float images [batch, H, W, C] and returns
+logits [batch, num_classes]. `axis_name` is given to BatchNorm so statistics are averaged
+across replicas; it is None outside pmap. Dropout draws from the "dropout" rng collection.
+The step applies its own forms from outside the model (research/steps.py: a dropout mask per
+example; research/cpu_forms.py: faster convolutions on CPU). Only max-pooling, a function no
+interceptor reaches, is called by name: the shipped models use `cpu_forms.max_pool`.
+
+A model module may define its training loss, `loss(logits, targets, intermediates, config)
+-> [batch]` per-example losses, where `targets` are class probabilities [batch, num_classes]
+(one-hot, or mixed by an augmentation such as mixup), `intermediates` what the model sowed
+there in training (`self.sow("intermediates", name, value)`: Inception-v3's auxiliary
+logits) and `config` the whole training config. Without one, `cross_entropy` is the loss.
 
 A model may also compute part of its initial parameters from training images: it then
 defines `init_from_data(model_config, params, images) -> params`, given
@@ -16,17 +25,33 @@ the first step; the result is in every checkpoint, so a resumed run does not red
 
 import importlib
 import pkgutil
+from collections.abc import Callable
 
 import flax.linen as nn
+import jax.numpy as jnp
 import ml_collections
+import optax
 
 from research.errors import UserError
-from research.models.layers import EXAMPLES  # noqa: F401 (steps pass example positions in it)
 
 
 def available() -> list[str]:
   names = (m.name for m in pkgutil.iter_modules(__path__))
-  return sorted(n for n in names if not n.startswith("_") and n != "layers")
+  return sorted(n for n in names if not n.startswith("_"))
+
+
+def cross_entropy(logits, targets, intermediates, config):
+  """The default loss: softmax cross-entropy per example in float32, against the targets
+  smoothed by `config.label_smoothing`."""
+  del intermediates  # what a model's own loss may use
+  smoothed = optax.smooth_labels(targets, config.label_smoothing)
+  return optax.softmax_cross_entropy(logits.astype(jnp.float32), smoothed)
+
+
+def loss(model_config: ml_collections.ConfigDict) -> Callable:
+  """The model module's `loss`, or `cross_entropy`."""
+  module = importlib.import_module(f"research.models.{model_config.name}")
+  return getattr(module, "loss", cross_entropy)
 
 
 def init_from_data(model_config: ml_collections.ConfigDict):

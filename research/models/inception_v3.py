@@ -10,8 +10,9 @@ Keras' 23,817,352 trainable parameters and 34,432 BatchNorm statistics.
 model_config fields:
   num_classes; dtype ('float32' | 'bfloat16': compute dtype — params and BatchNorm statistics
   stay float32, logits are returned in float32); aux_logits (the auxiliary classifier on the
-  17×17 features, as in TF-slim; training returns (logits, aux_logits), its loss weight is
-  the config's `aux_loss_weight`, 0.4 in the reference); dropout_rate (0.2 = slim's keep
+  17×17 features, as in TF-slim; in training its logits are sown as `intermediates`
+  `aux_logits` and `loss` adds their cross-entropy weighted by the config's `aux_loss_weight`,
+  0.4 in the reference); dropout_rate (0.2 = slim's keep
   probability 0.8); bn_momentum (0.9997 as slim; Keras uses 0.99); width (channel multiplier,
   1.0 = the reference; smaller only for tests); blocks (how many Inception-A, -B and -C
   blocks: (3, 4, 2) is the reference; fewer, each type still present, only for tests).
@@ -24,7 +25,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from research.errors import UserError
-from research.models import layers
+from research.models import cross_entropy
 
 
 class ConvBN(nn.Module):
@@ -38,7 +39,7 @@ class ConvBN(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    x = layers.Conv(
+    x = nn.Conv(
       self.features,
       self.kernel,
       strides=self.strides,
@@ -147,7 +148,7 @@ class InceptionV3(nn.Module):
         f"{x.shape[1]}×{x.shape[2]} features); set model.aux_logits=False or use larger images"
       )
     if self.aux_logits:  # on the 17×17×768 features, as TF-slim; built in eval mode too so
-      # that init (which runs in eval mode) creates its parameters; returned in training only
+      # that init (which runs in eval mode) creates its parameters; sown in training only
       aux = nn.avg_pool(x, (5, 5), strides=(3, 3), padding="VALID")  # 17 → 5
       aux = conv(aux, 128, (1, 1), name="aux_conv0")
       aux = conv(aux, 768, aux.shape[1:3], padding="VALID", name="aux_conv1")  # 5×5 → 1×1
@@ -184,9 +185,19 @@ class InceptionV3(nn.Module):
       )
 
     x = x.mean(axis=(1, 2))  # global average pool: [batch, 2048]
-    x = layers.Dropout(self.dropout_rate, deterministic=not train)(x)
+    x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
     logits = nn.Dense(self.num_classes, dtype=self.dtype, name="logits")(x).astype(jnp.float32)
-    return (logits, aux.astype(jnp.float32)) if train and aux is not None else logits
+    if train and aux is not None:  # for `loss`, below
+      self.sow("intermediates", "aux_logits", aux.astype(jnp.float32))
+    return logits
+
+
+def loss(logits, targets, intermediates, config):
+  """Cross-entropy of the logits plus `config.aux_loss_weight` × that of the auxiliary head."""
+  losses = cross_entropy(logits, targets, intermediates, config)
+  for aux_logits in intermediates.get("aux_logits", ()):  # training with model.aux_logits
+    losses += config.aux_loss_weight * cross_entropy(aux_logits, targets, intermediates, config)
+  return losses
 
 
 def create(model_config: ml_collections.ConfigDict, axis_name: str | None) -> nn.Module:

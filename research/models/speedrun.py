@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from research.models import layers
+from research.cpu_forms import max_pool  # nn.max_pool, its gradient faster on CPU
 
 WHITEN = 2  # pixels per side of the whitening patches
 
@@ -56,9 +56,9 @@ class ConvGroup(nn.Module):
   @nn.compact
   def __call__(self, x):
     conv = functools.partial(
-      layers.Conv, self.features, (3, 3), use_bias=False, kernel_init=dirac_init, dtype=self.dtype
+      nn.Conv, self.features, (3, 3), use_bias=False, kernel_init=dirac_init, dtype=self.dtype
     )
-    x = layers.max_pool(conv(name="conv1")(x), 2)
+    x = max_pool(conv(name="conv1")(x), 2)
     x = nn.gelu(self.norm(name="norm1")(x), approximate=False)
     return nn.gelu(self.norm(name="norm2")(conv(name="conv2")(x)), approximate=False)
 
@@ -82,7 +82,7 @@ class SpeedrunNet(nn.Module):
     )
     channels = 2 * x.shape[-1] * WHITEN**2  # each eigenvector and its negative
     fan_in = x.shape[-1] * WHITEN**2
-    whiten = layers.Conv(
+    whiten = nn.Conv(
       channels,
       (WHITEN, WHITEN),
       padding="VALID",
@@ -93,7 +93,7 @@ class SpeedrunNet(nn.Module):
     x = nn.gelu(whiten(x.astype(self.dtype)), approximate=False)  # [batch, 31, 31, 24]
     for i, width in enumerate(self.widths):  # 31 → 15 → 7 → 3 pixels
       x = ConvGroup(width, norm, self.dtype, name=f"group{i + 1}")(x)
-    x = layers.max_pool(x, 3).reshape(x.shape[0], -1)  # [batch, widths[-1]]
+    x = max_pool(x, 3).reshape(x.shape[0], -1)  # [batch, widths[-1]]
     head = nn.Dense(
       self.num_classes, use_bias=False, kernel_init=unit_std_init, dtype=self.dtype, name="head"
     )

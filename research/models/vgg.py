@@ -11,8 +11,8 @@ import flax.linen as nn
 import jax.numpy as jnp
 import ml_collections
 
+from research.cpu_forms import max_pool  # nn.max_pool, its gradient faster on CPU
 from research.errors import UserError
-from research.models import layers
 
 # Channels per conv; "M" is a 2×2 max-pool. Five pools take 32×32 down to 1×1.
 STAGES = {
@@ -44,10 +44,10 @@ class VGG(nn.Module):
     x = x.astype(self.dtype)
     for layer in STAGES[self.depth]:
       if layer == "M":
-        x = layers.max_pool(x, 2)
+        x = max_pool(x, 2)
       else:
         features = max(1, round(layer * self.width))
-        x = layers.Conv(features, (3, 3), use_bias=False, dtype=self.dtype)(x)
+        x = nn.Conv(features, (3, 3), use_bias=False, dtype=self.dtype)(x)
         x = nn.relu(norm()(x))
     x = x.reshape((x.shape[0], -1))  # [batch, channels]
     return nn.Dense(self.num_classes, dtype=self.dtype)(x)

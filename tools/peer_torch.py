@@ -1,6 +1,6 @@
 """The same networks' training steps in PyTorch: the report's same-machine peer.
 
-  python -m research.peer_torch --model vgg --depth 16 --batch 256 --dtype bfloat16
+  python -m tools.peer_torch --model vgg --depth 16 --batch 256 --dtype bfloat16
 
 Prints one JSON line: examples/s of a plain PyTorch training step (forward, cross-entropy,
 backward, SGD with Nesterov momentum) on one device, channels-last, with bfloat16 autocast for

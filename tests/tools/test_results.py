@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from research import measure, report, results
 from research.errors import EXIT_USER_ERROR, UserError
+from tools import measure, report, results
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parent.parent.parent
 
 
 def test_the_readme_and_benchmarks_tables_are_the_committed_records_rendered():
@@ -96,7 +96,7 @@ def test_the_speedrun_against_airbench_takes_the_place_of_its_not_measured_row(t
 
 
 def _report(tmp_path, *args):
-  command = [sys.executable, "-m", "research.report", "--scale=tiny", *args]
+  command = [sys.executable, "-m", "tools.report", "--scale=tiny", *args]
   command += [f"--results={tmp_path / 'results'}", f"--workdir={tmp_path / 'runs'}"]
   return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600)
 
@@ -150,7 +150,7 @@ def test_peer_measurements_are_skipped_where_torch_does_not_import(tmp_path):
   hidden.mkdir(parents=True)
   (hidden / "__init__.py").write_text('raise ModuleNotFoundError("torch", name="torch")\n')
   env = {**os.environ, "PYTHONPATH": str(hidden.parent)}
-  command = [sys.executable, "-m", "research.report", "--scale=tiny", "--only=peer"]
+  command = [sys.executable, "-m", "tools.report", "--scale=tiny", "--only=peer"]
   command += [f"--results={tmp_path / 'results'}", f"--workdir={tmp_path / 'runs'}"]
   result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
   assert result.returncode == 0 and "peer: skipped, torch does not import here" in result.stdout
@@ -177,7 +177,7 @@ def test_a_sigterm_to_the_report_stops_its_child_run_first():
   )
   report = (
     "import sys\n"
-    "from research import measure\n"
+    "from tools import measure\n"
     "try:\n"
     f"  measure.run_child([sys.executable, '-c', {child!r}])\n"
     "except measure.Stopped:\n"
@@ -239,10 +239,9 @@ def test_a_measurement_name_not_in_the_plan_lists_the_part_s_names(monkeypatch, 
 def test_a_tiny_report_records_beside_its_runs_not_in_the_readme_s_results(
   monkeypatch, capsys, tmp_path
 ):
-  monkeypatch.setattr(report, "DEFAULT_DATA", tmp_path / "absent")  # no data: nothing trains
   monkeypatch.setattr(
     sys, "argv", ["report", "--scale=tiny", "--only=main", f"--workdir={tmp_path}"]
-  )
+  )  # no --data: nothing trains
   assert report.main() == 0
   output = capsys.readouterr().out
   assert f"into {tmp_path / 'results'}/" in output and "rendered the tables" not in output

@@ -1,11 +1,12 @@
-"""Layers the models share: convolution and pooling in forms that run faster on CPU, dropout
-that micro-batches.
+"""Forms of convolution (and of max-pool's gradient) that run faster on XLA:CPU, applied to
+any flax model from outside it.
 
-On CPU (tests, smoke runs, CI, laptops), `Conv` and `max_pool` take other forms of the same
-computation where XLA:CPU's own is slow; each form has the same values and gradients to
-float rounding (tests/test_train_step.py) and is kept only while it gains at least 5% in a
-shipped default step (docs/cpu_step.md says why each is faster; BENCHMARKS.md, what each
-gains). Elsewhere (cuDNN on GPU) they are `nn.Conv` and `nn.max_pool` unchanged.
+On CPU (tests, smoke runs, CI, laptops) the step traces its model inside `applied()`: every
+`nn.Conv` then takes another form of the same computation where XLA:CPU's own is slow (flax's
+`nn.intercept_methods` hands it this module's `conv_general_dilated`); each form has the same
+values and gradients to float rounding (tests/test_train_step.py) and is kept only while it
+gains at least 5% in a shipped default step (docs/cpu_step.md says why each is faster;
+BENCHMARKS.md, what each gains). Elsewhere (cuDNN on GPU) nothing changes.
 
 - kernel_gradient: the kernel's gradient is one matrix product, the kh × kw shifted views
   of the padded input stacked channels-first times the output gradient, where XLA:CPU runs a
@@ -16,9 +17,6 @@ gains). Elsewhere (cuDNN on GPU) they are `nn.Conv` and `nn.max_pool` unchanged.
   where XLA:CPU scatters through index arrays.
 
 `without(*forms)` traces models with XLA's own ops instead (the benchmarks' baseline).
-`Dropout` draws each example's mask from the step's key and the example's index in the
-device batch, so a step that splits its batch into micro-batches (research/steps.py) drops
-exactly the units the whole batch would.
 """
 
 import contextlib
@@ -145,6 +143,28 @@ def _uses(form: str) -> bool:
   return jax.default_backend() == "cpu" and form not in _off
 
 
+def _conv_in_cpu_form(next_fun, args, kwargs, context):
+  """An interceptor (`nn.intercept_methods`): an `nn.Conv` that uses XLA's convolution runs
+  `conv_general_dilated` of this module instead; every other method call runs as it is."""
+  conv = context.module
+  plain = isinstance(conv, nn.Conv) and context.method_name == "__call__"
+  if not plain or conv.conv_general_dilated is not None or conv.conv_general_dilated_cls:
+    return next_fun(*args, **kwargs)
+  object.__setattr__(conv, "conv_general_dilated", conv_general_dilated)  # while it traces
+  try:
+    return next_fun(*args, **kwargs)
+  finally:
+    object.__setattr__(conv, "conv_general_dilated", None)
+
+
+def applied():
+  """A context in which models trace with the CPU forms: on CPU, unless `without` switched
+  them all off; elsewhere a context that changes nothing."""
+  if any(_uses(form) for form in ("kernel_gradient", "small_input")):
+    return nn.intercept_methods(_conv_in_cpu_form)
+  return contextlib.nullcontext()
+
+
 @contextlib.contextmanager
 def without(*forms: str):
   """Models traced inside use XLA's own ops instead of these CPU forms (default: all of them):
@@ -154,40 +174,6 @@ def without(*forms: str):
     yield
   finally:
     _off.clear()
-
-
-def Conv(*args, **kwargs) -> nn.Conv:  # noqa: N802 (a module constructor, like nn.Conv)
-  """`nn.Conv`, in its CPU forms when JAX runs on CPU."""
-  if any(_uses(form) for form in ("kernel_gradient", "small_input")):
-    kwargs.setdefault("conv_general_dilated", conv_general_dilated)
-  return nn.Conv(*args, **kwargs)
-
-
-EXAMPLES = "examples"  # variable collection: {"index": [batch] int32} position in the device batch
-
-
-class Dropout(nn.Module):
-  """Inverted dropout; an example's mask depends only on the key and its `EXAMPLES` index."""
-
-  rate: float
-  deterministic: bool
-
-  @nn.compact
-  def __call__(self, x):
-    if self.deterministic or self.rate == 0:
-      return x
-    if self.rate == 1:  # as nn.Dropout: no division by a zero keep probability
-      return jnp.zeros_like(x)
-    root = self.scope.root  # the index is given once, at the top: model.apply(variables)
-    index = (
-      root.get_variable(EXAMPLES, "index")
-      if root.has_variable(EXAMPLES, "index")
-      else jnp.arange(x.shape[0])
-    )
-    key = self.make_rng("dropout")
-    draw = lambda i: jax.random.bernoulli(jax.random.fold_in(key, i), 1 - self.rate, x.shape[1:])
-    keep = jax.vmap(draw)(index)  # [batch, ...] one mask per example
-    return jnp.where(keep, x / (1 - self.rate), jnp.zeros_like(x))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))

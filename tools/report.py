@@ -10,8 +10,8 @@ Parts, at GPU sizes (a CPU host runs the same parts at CPU sizes, so the report 
               and at the largest that fits: examples/s, and FLOPs per step (XLA's cost analysis
               of the compiled step) over the device's peak (MFU).
   peer        the same networks' training steps in PyTorch on the same device, when torch
-              imports (research/peer_torch.py): our examples/s ÷ theirs. On a CUDA GPU, the
-              speedrun against airbench94_muon itself (research/peer_airbench.py; the script
+              imports (tools/peer_torch.py): our examples/s ÷ theirs. On a CUDA GPU, the
+              speedrun against airbench94_muon itself (tools/peer_airbench.py; the script
               is fetched apart, --airbench PATH): 3 runs of each on the same pixels in one
               invocation, our training time ÷ theirs.
   streamed    Inception-v3 in bfloat16 on generated ImageNet-sized JPEGs, streamed through as
@@ -38,13 +38,13 @@ import tarfile
 import time
 from pathlib import Path
 
-from research import environment, host_memory, measure, results
+from research import environment, host_memory
 from research.errors import EXIT_USER_ERROR, UserError
-from research.measure import Measurement
+from tools import measure, results
+from tools.measure import Measurement
 
 ROOT = Path(__file__).parent.parent
 PARTS = ("throughput", "peer", "streamed", "main")
-DEFAULT_DATA = ROOT.parent / "shared" / "data" / "cifar10-jpeg.tar.gz"
 
 
 def _dtypes(part, stem, label, config, **kwargs) -> list[Measurement]:
@@ -116,7 +116,7 @@ def plan(scale: str, cores: int) -> list[Measurement]:
         steps=30,
       )
     )
-    keras_main = (("num_epochs", 10), ("eval_every_steps", 195))  # an eval every epoch
+    keras_main = (("num_epochs", 10), ("eval_every_epochs", 1.0))
     m.append(
       Measurement("main", "cifar_keras_cnn-10ep", "Keras CNN (10 epochs)", keras, keras_main)
     )
@@ -145,14 +145,14 @@ def plan(scale: str, cores: int) -> list[Measurement]:
 
 def image_folder(data: str) -> Path | None:
   """The image folder `--data` names (a .tar.gz of one is extracted once to the data cache);
-  without `--data`, the CIFAR-10 JPEG archive beside the checkout, if there is one."""
+  None without `--data`."""
   from research.data import CACHE
 
-  path = Path(data).expanduser() if data else DEFAULT_DATA
-  if not path.exists():
-    if data:
-      raise UserError(f"--data={data} does not exist; give an image folder or a .tar.gz of one")
+  if not data:
     return None
+  path = Path(data).expanduser()
+  if not path.exists():
+    raise UserError(f"--data={data} does not exist; give an image folder or a .tar.gz of one")
   if path.is_dir():
     return path
   if not path.name.endswith((".tar.gz", ".tgz", ".tar")):
@@ -244,7 +244,7 @@ def run(args) -> int:
     _prepare(args)
     forwarded = [a for a in sys.argv[1:] if not a.startswith("--only")]
     for part in PARTS:
-      command = [sys.executable, "-m", "research.report", f"--only={part}", *forwarded]
+      command = [sys.executable, "-m", "tools.report", f"--only={part}", *forwarded]
       if code := measure.run_child(command, env=children):
         return code
     return 0

@@ -1,4 +1,4 @@
-"""The measurements `./launch.sh report` makes (research/report.py), each into one record.
+"""The measurements `./launch.sh report` makes (tools/report.py), each into one record.
 
 A record says what was measured (part, name, config, the exact command), where and with
 what (the device, the host, the package versions), when, and the numbers.
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from research import results
 from research.errors import UserError
+from tools import results
 
 # Dense TFLOP/s per GPU from the vendors' datasheets (SXM parts). JAX runs float32 products on
 # these GPUs' TF32 tensor cores by default, so TF32 is float32's peak.
@@ -44,8 +44,8 @@ class Measurement:
   steps: int = 0  # timed steps (throughput, peer) or steps to train (streamed)
   search_batch: bool = False  # throughput: also the largest global batch that fits ...
   search_up_to: int = 16  # ... trying up to this many times the config's batch
-  peer: str = ""  # peer: the PyTorch network (research/peer_torch.py), or "airbench" (steps:
-  # the runs of each recipe, research/peer_airbench.py)
+  peer: str = ""  # peer: the PyTorch network (tools/peer_torch.py), or "airbench" (steps:
+  # the runs of each recipe, tools/peer_airbench.py)
   image_size: int = 32  # peer: input pixels per side
 
   def config_dict(self):
@@ -190,16 +190,19 @@ def step_speed(config, steps: int) -> dict:
   """Examples/s of the config's pmapped train step on device-resident data, and its FLOPs."""
   import jax
 
-  from research import benchmark, train
+  from research import train
   from research.placement import replicate
   from research.steps import AXIS
+  from tools import benchmark
 
   config.update(
     dataset="synthetic",
     synthetic_train_size=2 * config.batch_size,
     synthetic_test_size=config.eval_batch_size,
     checkpoint_every_steps=0,
+    checkpoint_every_epochs=0.0,
     eval_every_steps=0,
+    eval_every_epochs=0.0,
   )
   training = train.setup(config)
   batches = training.inputs.batches(0)
@@ -268,7 +271,7 @@ def throughput(m: Measurement, device: dict) -> list[dict]:
 def peer_speed(m: Measurement) -> dict:
   """The PyTorch peer's examples/s, in a process of its own (PyTorch never imports here)."""
   model = m.config_dict().model
-  command = [sys.executable, "-m", "research.peer_torch", "--model", m.peer]
+  command = [sys.executable, "-m", "tools.peer_torch", "--model", m.peer]
   command += ["--batch", str(m.config_dict().batch_size), "--dtype", m.dtype]
   command += ["--steps", str(m.steps), "--image-size", str(m.image_size)]
   command += ["--num-classes", str(model.num_classes)]
@@ -295,7 +298,7 @@ def peer(m: Measurement, device: dict, theirs: dict) -> list[dict]:
 
 
 def airbench(m: Measurement, device: dict, workdir: Path, budget_end: float, data: Path, script):
-  """The speedrun against airbench94_muon (research/peer_airbench.py) on the same GPU and the
+  """The speedrun against airbench94_muon (tools/peer_airbench.py) on the same GPU and the
   same pixels: its `m.steps` runs, then as many of ours (seeds 0, 1, ...), in one invocation
   (theirs are kept if the budget stops ours, which the next invocation trains again).
   Both are timed over the script's own span: the whitening init, training and the TTA eval
@@ -316,7 +319,7 @@ def airbench(m: Measurement, device: dict, workdir: Path, budget_end: float, dat
       test_labels=dataset.test_labels,
       num_classes=dataset.num_classes,
     )
-    command = [sys.executable, "-m", "research.peer_airbench", f"--script={script}"]
+    command = [sys.executable, "-m", "tools.peer_airbench", f"--script={script}"]
     command += [f"--pixels={pixels}", f"--runs={m.steps}", f"--workdir={workdir / 'airbench'}"]
     with open(workdir / "airbench.log", "w") as log:
       code = run_child(command, timeout=max(1.0, budget_end - time.time()), stdout=log)
@@ -420,7 +423,7 @@ def _train(args: list[str], workdir: Path, budget_end: float) -> bool:
 
 def _jpeg_folder(root: Path, classes: int, per_class: int) -> Path:
   """An image folder of generated 500×375 JPEGs: `per_class` train and 4 val images a class."""
-  from research import benchmark
+  from tools import benchmark
 
   done = root / f".complete-{classes}x{per_class}"
   if not done.exists():

@@ -4,8 +4,9 @@ import sys
 
 import pytest
 
-from research import benchmark, configuration
+from research import configuration
 from research.errors import EXIT_USER_ERROR
+from tools import benchmark
 
 
 def test_host_augmented_batches_from_worker_processes_train_the_step():

@@ -18,7 +18,7 @@
                         the auto micro-batch) ÷ the same step with XLA's convolutions on the
                         whole batch (what a plain jitted flax step does), in this process's
                         devices (1 on a CPU host unless XLA_FLAGS says otherwise).
-  forms                 (on a CPU host) each CPU form of research/models/layers.py, and the
+  forms                 (on a CPU host) each CPU form of research/cpu_forms.py, and the
                         host-memory settings, on and off in the shipped default steps (Keras
                         CNN, VGG-16, Inception-v3 :smoke): compiled in one process, timed in
                         alternating rounds (the malloc settings in alternating processes).
@@ -41,12 +41,11 @@ import jax
 import numpy as np
 from PIL import Image
 
-from research import configuration, host_memory, host_workers
+from research import configuration, cpu_forms, host_memory, host_workers
 from research import inputs as inputs_lib
 from research import workdir as workdir_lib
 from research.data import folder
 from research.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, UserError
-from research.models import layers
 from research.placement import replicate
 from research.steps import AXIS
 from research.train import setup, train_and_evaluate
@@ -61,10 +60,16 @@ SMALL = {  # --small: sizes a 2-core CPU measures in minutes
 
 def _config(path: str, small: bool, **overrides):
   config = configuration.load(path)
-  config.update(dataset="synthetic", synthetic_train_size=8192, checkpoint_every_steps=0)
+  config.update(dataset="synthetic", synthetic_train_size=8192)
+  config.update(checkpoint_every_steps=0, checkpoint_every_epochs=0.0)
   if small:
     config.update(SMALL[path])
-  config.update(synthetic_test_size=config.eval_batch_size, eval_every_steps=0, **overrides)
+  config.update(
+    synthetic_test_size=config.eval_batch_size,
+    eval_every_steps=0,
+    eval_every_epochs=0.0,
+    **overrides,
+  )
   return config
 
 
@@ -126,7 +131,7 @@ def cpu_steps(path: str) -> dict:
   rows = {}
   for batch in (128, 256):
     per_device = batch // jax.device_count()
-    with layers.without():
+    with cpu_forms.without():
       xla, _ = _steady_examples_per_sec(
         _config(path, False, batch_size=batch, micro_batch_size=per_device)
       )
@@ -152,12 +157,12 @@ def form_variants() -> dict:
   """{name: the CPU forms switched off}: all on, each off alone, all off (XLA's own ops)."""
   return {
     "all": (),
-    **{f"no {form}": (form,) for form in layers.CPU_FORMS},
-    "none": layers.CPU_FORMS,
+    **{f"no {form}": (form,) for form in cpu_forms.CPU_FORMS},
+    "none": cpu_forms.CPU_FORMS,
   }
 
 
-def cpu_forms(path: str, variants: list[str], rounds: int, seconds: float = 6.0) -> dict:
+def form_gains(path: str, variants: list[str], rounds: int, seconds: float = 6.0) -> dict:
   """Examples/s of the config's default step for each variant of form_variants(), all
   compiled in this process first, then timed in `rounds` alternating rounds (the order
   reversed every other round); a variant compiled to the same program as "all" (its form
@@ -165,7 +170,7 @@ def cpu_forms(path: str, variants: list[str], rounds: int, seconds: float = 6.0)
   compiled, programs = {}, {}
   for name in variants:
     off = form_variants()[name]
-    with layers.without(*off) if off else _nothing():
+    with cpu_forms.without(*off) if off else _nothing():
       training, p_step = _bare(_config(path, False))
       rstate, batches = replicate(training.state), training.inputs.batches(0)
       p_step = p_step.lower(rstate, next(batches)).compile()  # traced with these forms
@@ -369,7 +374,7 @@ def main() -> None:
   if args.only == "cpu" or (run_all and on_cpu):  # full-size models on a CPU: ~10 minutes
     results["cpu"] = {Path(path).stem: cpu_steps(path) for path in CONFIGS}
   if args.only == "forms":
-    results["forms"] = {path: cpu_forms(path, args.variants, args.rounds) for path in args.configs}
+    results["forms"] = {path: form_gains(path, args.variants, args.rounds) for path in args.configs}
     results["malloc"] = "system" if args.system_malloc else "host_memory"
   (workdir / "benchmark.json").write_text(json.dumps(results, indent=2) + "\n")
   _print(results)

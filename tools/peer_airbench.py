@@ -1,6 +1,6 @@
 """airbench94_muon, the speedrun's PyTorch original, on the same GPU and the same pixels.
 
-  python -m research.peer_airbench --script airbench94_muon.py --pixels cifar.npz --runs 3
+  python -m tools.peer_airbench --script airbench94_muon.py --pixels cifar.npz --runs 3
 
 `airbench94_muon.py` (K. Jordan, github.com/KellerJordan/cifar10-airbench) is not part of this
 project and never a dependency: the report runs this where PyTorch sees a CUDA GPU and the

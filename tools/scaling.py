@@ -13,6 +13,7 @@ WORKDIR/scaling.csv and WORKDIR/scaling.png and prints the table.
 
 import csv
 import json
+import math
 import os
 import statistics
 import sys
@@ -20,9 +21,13 @@ from pathlib import Path
 
 import jax
 
-from research.errors import UserError
-from research.measure import run_child
+from research import environment, validate
+from research import main as main_lib
+from research import workdir as workdir_lib
+from research.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, UserError
+from tools.measure import Stopped, run_child
 
+MIN_SCALING_STEPS = 15  # the report skips the first two log intervals (warm-up)
 COLUMNS = [
   "config",
   "mode",
@@ -45,15 +50,21 @@ def device_counts(n: int) -> list[int]:
   return counts if counts[-1] == n else [*counts, n]
 
 
-def env_for(n_devices: int, backend: str) -> dict:
-  """This process's environment for a child run on `n_devices` of `backend` ("gpu" or "cpu")."""
-  env = dict(os.environ)
-  if backend == "gpu":
-    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(n_devices))
-  else:
-    flags = [f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f]
-    env["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={n_devices}"])
-  return env
+def check_config(config, n_devices: int) -> None:
+  """Every device count the report will run, checked before the first one starts."""
+  if config.scaling_steps < MIN_SCALING_STEPS:
+    raise UserError(
+      f"scaling_steps={config.scaling_steps} is too few to measure; use at least "
+      f"{MIN_SCALING_STEPS}"
+    )
+  counts = device_counts(n_devices)
+  fields = ("batch_size", "eval_batch_size") if config.scaling_strong else ("eval_batch_size",)
+  for field in fields:  # weak scaling sets batch_size per count; these stay as they are
+    if bad := [n for n in counts if config[field] % n]:
+      raise UserError(
+        f"the scaling report runs {field}={config[field]} on {counts} devices; it does not "
+        f"divide over {bad[0]}; use a multiple of {math.lcm(*counts)}"
+      )
 
 
 def _measure(spec, overrides, workdir: Path, n_devices: int, batch: int, config, backend):
@@ -67,13 +78,16 @@ def _measure(spec, overrides, workdir: Path, n_devices: int, batch: int, config,
     f"--config.num_train_steps={steps}",
     f"--config.log_every_steps={max(1, steps // 5)}",
     "--config.checkpoint_every_steps=0",
+    "--config.checkpoint_every_epochs=0",
     "--config.eval_every_steps=0",
+    "--config.eval_every_epochs=0",
   ]
   command = [sys.executable, "-m", "research.main", f"--config={spec}", *args]
   log = workdir.with_name(f"{workdir.name}.log")
   log.parent.mkdir(parents=True, exist_ok=True)
   with open(log, "w") as out:  # a SIGTERM to this report stops the child first (run_child)
-    code = run_child(command, env=env_for(n_devices, backend), stdout=out, stderr=out)
+    env = environment.for_devices(n_devices, backend)
+    code = run_child(command, env=env, stdout=out, stderr=out)
   if code:
     raise UserError(f"the {n_devices}-device run failed: {log.read_text().strip()[-500:]}")
   lines = (workdir / "metrics.jsonl").read_text().splitlines()
@@ -138,7 +152,7 @@ def _plot(rows: list[dict], path: Path) -> None:
 def run(config, spec: str, overrides: list, workdir: Path) -> list[dict]:
   """Runs the report for the training config `spec` (+ overrides) into `workdir`."""
   backend, n_max = jax.default_backend(), jax.local_device_count()
-  per_device = config.batch_size // n_max  # validate.train_config checked every count
+  per_device = config.batch_size // n_max  # check_config checked every count
   # Every report runs fresh children: a rerun into the same workdir never reads old numbers.
   children = workdir / "scaling" / f"run-{len(list(workdir.glob('scaling/run-*'))) + 1}"
   print(f"scaling report: each device count trains in {children}/MODE-N", flush=True)
@@ -176,3 +190,30 @@ def run(config, spec: str, overrides: list, workdir: Path) -> list[dict]:
     )
   print(f"\nwrote {workdir / 'scaling.csv'} and {workdir / 'scaling.png'}")
   return rows
+
+
+def main(argv: list[str]) -> int:
+  """`./launch.sh CONFIG --config.scaling_report=True ...`: the report for one config."""
+  try:
+    environment.check({**environment.CORE, **environment.PLOTS})
+    args, overrides = main_lib.parse_args(argv)
+    config = main_lib.load_config(args, overrides)
+    n_devices = jax.local_device_count()
+    validate.train_config(config, n_devices)
+    check_config(config, n_devices)  # every device count, up front
+    workdir = main_lib.checked_workdir(args, config)
+    with workdir_lib.write_errors_are_user_errors(workdir):
+      workdir_lib.prepare(workdir, config)
+      run(config, args.config, overrides, workdir)
+  except UserError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return EXIT_USER_ERROR
+  except (Stopped, KeyboardInterrupt) as e:
+    why = "interrupted (Ctrl-C)" if isinstance(e, KeyboardInterrupt) else "stopped (SIGTERM)"
+    print(f"scaling report {why} before it measured every device count; nothing written")
+    return EXIT_INTERRUPTED if isinstance(e, KeyboardInterrupt) else 0
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))

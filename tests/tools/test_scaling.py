@@ -3,7 +3,11 @@
 import csv
 import json
 
-from research import configuration, scaling
+import pytest
+
+from research import configuration
+from research.errors import UserError
+from tools import scaling
 
 
 def test_device_counts_double_up_to_all_devices():
@@ -54,3 +58,10 @@ def test_report_writes_a_row_per_device_count_and_a_plot_and_a_rerun_trains_fres
     ("strong", 8, 64),
   ]
   assert children == [("run-2/weak-1", False), ("run-2/weak-8", False), ("run-2/strong-1", False)]
+
+
+def test_a_scaling_report_checks_every_device_count_before_the_first_runs():
+  config = configuration.load("configs/cifar_vgg.py:smoke")
+  config.update(scaling_report=True, scaling_strong=True, batch_size=18, eval_batch_size=18)
+  with pytest.raises(UserError, match=r"batch_size=18 on \[1, 2, 4, 6\] devices; .* over 4"):
+    scaling.check_config(config, 6)  # 6 GPUs: 18 divides over 1, 2 and 6, not over 4
