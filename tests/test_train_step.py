@@ -96,7 +96,7 @@ class _TwoHeads(flax.linen.Module):
     x = x.reshape(len(x), -1)
     aux_logits = flax.linen.Dense(10, name="aux_head")(x)
     if train:
-      self.sow("intermediates", "aux_logits", aux_logits)
+      self.sow("intermediates", "auxiliary_logits", aux_logits)
     return flax.linen.Dense(10, name="head")(x)
 
 

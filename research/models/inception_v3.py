@@ -11,9 +11,9 @@ model_config fields:
   num_classes; dtype ('float32' | 'bfloat16': compute dtype — params and BatchNorm statistics
   stay float32, logits are returned in float32); aux_logits (the auxiliary classifier on the
   17×17 features, as in TF-slim; in training its logits are sown as `intermediates`
-  `aux_logits` and `loss` adds their cross-entropy weighted by the config's `aux_loss_weight`,
-  0.4 in the reference); dropout_rate (0.2 = slim's keep
-  probability 0.8); bn_momentum (0.9997 as slim; Keras uses 0.99); width (channel multiplier,
+  `auxiliary_logits` and `loss` adds their cross-entropy weighted by the config's
+  `aux_loss_weight`, 0.4 in the reference); dropout_rate (0.2 = slim's keep probability 0.8);
+  bn_momentum (0.9997 as slim; Keras uses 0.99); width (channel multiplier,
   1.0 = the reference; smaller only for tests); blocks (how many Inception-A, -B and -C
   blocks: (3, 4, 2) is the reference; fewer, each type still present, only for tests).
 """
@@ -188,14 +188,14 @@ class InceptionV3(nn.Module):
     x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
     logits = nn.Dense(self.num_classes, dtype=self.dtype, name="logits")(x).astype(jnp.float32)
     if train and aux is not None:  # for `loss`, below
-      self.sow("intermediates", "aux_logits", aux.astype(jnp.float32))
+      self.sow("intermediates", "auxiliary_logits", aux.astype(jnp.float32))
     return logits
 
 
 def loss(logits, targets, intermediates, config):
   """Cross-entropy of the logits plus `config.aux_loss_weight` × that of the auxiliary head."""
   losses = cross_entropy(logits, targets, intermediates, config)
-  for aux_logits in intermediates.get("aux_logits", ()):  # training with model.aux_logits
+  for aux_logits in intermediates.get("auxiliary_logits", ()):  # with model.aux_logits
     losses += config.aux_loss_weight * cross_entropy(aux_logits, targets, intermediates, config)
   return losses
 
