@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # ./launch.sh CONFIG[:variant] [--workdir=DIR] [--config.FIELD=VALUE ...]   train / run an experiment
 # ./launch.sh test [PYTEST_ARGS ...]                                         lint + the test suite
+# ./launch.sh eval WORKDIR [--step=N] [--config.FIELD=VALUE ...]   a run's checkpoint, evaluated again
+# ./launch.sh predict WORKDIR PATH ... [--top_k=K] [--output=FILE.csv]   its classes for images
 # ./launch.sh report [--only PART] [--data DIR]     measure the results table on this machine
 # ./launch.sh bench [--only NAME] [--small]         benchmark ratios
 # ./launch.sh setup [--gpu|--cpu]                   install .venv now (--gpu: for a GPU node)
@@ -70,7 +72,7 @@ base_python() {  # sets PYTHON: PYTHON= as given, else the newest of PYTHONS fou
 }
 
 usage() {  # $1: the exit code (0 when help was asked for)
-  sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
   exit "$1"
 }
 
@@ -267,6 +269,7 @@ case $1 in
     ;;
   bench) shift; exec "$py" -m tools.benchmark "$@" ;;
   report) shift; exec "$py" -m tools.report "$@" ;;
+  eval | predict) exec "$py" -m research.trained "$@" ;;
   *)
     config=$1
     shift

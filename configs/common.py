@@ -65,6 +65,11 @@ def training_defaults() -> ml_collections.ConfigDict:
   # "frozen": {name: dict(match=REGEX, ...)}, fields in research/optim.py. Empty: one group.
   c.param_groups = ml_collections.ConfigDict()
   c.aux_loss_weight = 0.4  # weight of an auxiliary head's loss (Inception); unused otherwise
+  # Fine-tuning: a new run starts from the weights of a run's workdir (its newest checkpoint,
+  # or init_from_step's) or of one of its checkpoints (WORKDIR/checkpoints/STEP), matched by
+  # parameter path; what differs in shape or is absent there starts afresh. "" = from scratch.
+  c.init_from = ""
+  c.init_from_step = 0  # 0: the newest
 
   # Logging and evaluation.
   c.log_every_steps = 50  # one device→host transfer of metrics per this many steps

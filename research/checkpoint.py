@@ -184,3 +184,26 @@ class Checkpoints:
       self._wait()
     finally:
       self.manager.close()
+
+
+def steps_in(workdir: Path, step: int | None = None) -> int:
+  """`step`, or the newest, of the checkpoints in `workdir`; a user error if there is none."""
+  directory = Path(workdir).absolute() / "checkpoints"
+  steps = sorted(int(p.name) for p in directory.glob("[0-9]*") if p.name.isdecimal())
+  if not steps:
+    raise UserError(f"{workdir} holds no checkpoint; train into it first (./launch.sh CONFIG)")
+  if step is None:
+    return steps[-1]
+  if step not in steps:
+    raise UserError(f"{workdir} holds no checkpoint of step {step}; it holds steps {steps}")
+  return step
+
+
+def read(workdir: Path, step: int | None = None) -> tuple[int, dict]:
+  """(step, the saved train state as nested dicts of host arrays) of the newest checkpoint in
+  `workdir`, or of `step`'s; reads only, and a missing one is a user error."""
+  step = steps_in(workdir, step)
+  directory = Path(workdir).absolute() / "checkpoints"
+  with ocp.CheckpointManager(directory, item_handlers=ocp.StandardCheckpointHandler()) as manager:
+    state = manager.restore(step, args=ocp.args.StandardRestore())
+  return step, jax.device_get(state)

@@ -23,7 +23,14 @@ import numpy as np
 from jax import lax
 
 from research import environment, steps
-from research.data import STREAMED, ImageDataset, check_num_classes, fingerprint, folder
+from research.data import (
+  STREAMED,
+  ImageDataset,
+  check_num_classes,
+  class_names,
+  fingerprint,
+  folder,
+)
 from research.data.load import load_in_memory
 from research.errors import UserError
 from research.placement import first_replica, pad_for_eval, replicate, to_devices, upload_shards
@@ -51,6 +58,7 @@ class Inputs:
   skipped_files: Callable[[], list[str]] = lambda: []  # undecodable files skipped so far
   passed_over: tuple = ()  # image folders: hidden files and non-images, relative paths
   summary: str = ""  # image folders: what was found and left out, in one line
+  classes: tuple = ()  # the class names, in label order
 
 
 def make(config, *, per_device_batch, augment, preprocess, shuffle_key, step_key) -> Inputs:
@@ -71,16 +79,19 @@ def make(config, *, per_device_batch, augment, preprocess, shuffle_key, step_key
           "central_crop) for streamed data: the host pads images to squares and the op reads "
           "only each image's valid part"
         )
-    return streamed(config, per_device_batch, preprocess, step_key, scanned)
-  if scanned is None:
-    return resident(
-      config, load_in_memory(config), per_device_batch, preprocess, shuffle_key, step_key
-    )
-  size = config.host_image_size
-  data = folder.load_resident(scanned, config.skip_bad_images, size)
-  inputs = resident(config, data, per_device_batch, preprocess, shuffle_key, step_key)
-  summary = folder.summary(scanned, len(data.skipped_files), data.resized, size)
-  return dataclasses.replace(inputs, passed_over=tuple(scanned.passed_over), summary=summary)
+    inputs = streamed(config, per_device_batch, preprocess, step_key, scanned)
+  elif scanned is None:
+    data = load_in_memory(config)
+    inputs = resident(config, data, per_device_batch, preprocess, shuffle_key, step_key)
+  else:
+    size = config.host_image_size
+    data = folder.load_resident(scanned, config.skip_bad_images, size)
+    inputs = resident(config, data, per_device_batch, preprocess, shuffle_key, step_key)
+    summary = folder.summary(scanned, len(data.skipped_files), data.resized, size)
+    inputs = dataclasses.replace(inputs, passed_over=tuple(scanned.passed_over), summary=summary)
+  folder_classes = scanned.classes if scanned is not None else None
+  classes = class_names(inputs.name, config.model.num_classes, folder_classes)
+  return dataclasses.replace(inputs, classes=classes)
 
 
 def eval_pipelines(preprocess) -> dict:

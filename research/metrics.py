@@ -37,6 +37,19 @@ def format_train_line(record: dict) -> str:
   )
 
 
+def eval_record(step: int, totals: dict) -> dict:
+  """The eval record of `totals` (steps.eval_sums summed over the test split)."""
+  record = {
+    "step": step,
+    "eval_loss": float(totals["loss_sum"] / totals["count"]),
+    "eval_accuracy": float(totals["correct"] / totals["count"]),
+    "eval_examples": int(totals["count"]),
+  }
+  if "correct_first_view" in totals:  # test-time augmentation: the plain accuracy too
+    record["eval_accuracy_first_view"] = float(totals["correct_first_view"] / totals["count"])
+  return record
+
+
 def format_eval_line(record: dict) -> str:
   views = record.get("eval_accuracy_first_view")
   return (

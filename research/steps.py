@@ -161,10 +161,10 @@ def augmented_examples(step, batch, *, gather, augment, count: int):
   return images[:count]  # augmented as a whole batch: the same per-example keys
 
 
-def eval_sums(state, images_u8, labels, mask, sizes=None, *, preprocess):
-  """Sums of loss, correct predictions and real examples (mask = 1) over one batch. With
-  views (`preprocess.weights`), the logits are the views' weighted mean, and
-  `correct_first_view` counts the first view's correct predictions alone."""
+def eval_logits(state, images_u8, sizes=None, *, preprocess):
+  """(logits, the first view's logits) [batch, classes] in float32 of the model in eval mode
+  on `images_u8` through `preprocess`; with views (`preprocess.weights`) the logits are the
+  views' weighted mean, else both are the same. `state` has params, batch_stats, apply_fn."""
   images = preprocess(jax.random.key(0), images_u8, sizes)  # deterministic ops only
 
   def apply(x):
@@ -174,20 +174,26 @@ def eval_sums(state, images_u8, labels, mask, sizes=None, *, preprocess):
       )
     return logits.astype(jnp.float32)
 
-  sums = {}
-  if preprocess.weights:  # images: [views, batch, H, W, C], one view after another
-    per_view = lax.map(apply, images)  # [views, batch, classes]
-    logits = jnp.tensordot(jnp.array(preprocess.weights), per_view, 1)
-    sums["correct_first_view"] = jnp.sum((per_view[0].argmax(-1) == labels) * mask)
-  else:
+  if not preprocess.weights:
     logits = apply(images)
+    return logits, logits
+  per_view = lax.map(apply, images)  # images: [views, batch, H, W, C], one view after another
+  return jnp.tensordot(jnp.array(preprocess.weights), per_view, 1), per_view[0]
+
+
+def eval_sums(state, images_u8, labels, mask, sizes=None, *, preprocess):
+  """Sums of loss, correct predictions and real examples (mask = 1) over one batch. With
+  views, `correct_first_view` counts the first view's correct predictions alone."""
+  logits, first_view = eval_logits(state, images_u8, sizes, preprocess=preprocess)
   losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-  return {
+  sums = {
     "loss_sum": jnp.sum(losses * mask),
     "correct": jnp.sum((logits.argmax(-1) == labels) * mask),
     "count": jnp.sum(mask),
-    **sums,
   }
+  if preprocess.weights:
+    sums["correct_first_view"] = jnp.sum((first_view.argmax(-1) == labels) * mask)
+  return sums
 
 
 def zero_totals(preprocess):

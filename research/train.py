@@ -25,13 +25,13 @@ import ml_collections
 import numpy as np
 import tqdm
 
-from research import checkpoint, models, optim, steps, validate
+from research import checkpoint, models, optim, steps, trained, validate
 from research import inputs as inputs_lib
 from research import workdir as workdir_lib
 from research.errors import UserError
 from research.inputs import Inputs
 from research.loop import Clock, Profiler, Progress, check_profile_end
-from research.metrics import MetricsLog
+from research.metrics import MetricsLog, eval_record
 from research.placement import first_replica, replicate, same_in_every_process, wait_for_all
 from research.preemption import Preempted, Preemption
 from research.steps import AXIS, TrainState, create_train_state
@@ -161,6 +161,7 @@ def _write_metadata(workdir: Path, config, training: Training) -> None:
     "dataset_requested": config.dataset,
     "dataset_used": training.inputs.name,
     "dataset_source": training.inputs.source,
+    "classes": list(training.inputs.classes),  # names in label order (research/trained.py)
     "fallback_reason": training.inputs.fallback_reason,
     "skipped_images": len(training.inputs.skipped_files()),  # undecodable files skipped
     "passed_over_files": len(training.inputs.passed_over),  # image folders: non-images
@@ -241,7 +242,12 @@ def train_and_evaluate(
   Ctrl-C. A resume on other data than `workdir` recorded is an error unless `allow_data_change`.
   """
   workdir, is_main = Path(workdir), jax.process_index() == 0
+  warm = config.init_from and not (workdir / "checkpoints").is_dir()  # never read on a resume
+  if warm:
+    trained.warm_start_source(config)  # before any data is loaded: it holds a checkpoint
   training = setup(config)
+  if warm:  # before anything is written: a source that fits nothing is an error
+    training.state, warm = trained.warm_start(training.state, config)
   inputs, num_steps = training.inputs, training.num_steps
   if inputs.fallback_reason and is_main:
     print(
@@ -255,14 +261,15 @@ def train_and_evaluate(
   )
   echo = bar.write if not bar.disable else functools.partial(print, flush=True)
   checkpoints = checkpoint.Checkpoints(workdir, config, echo, training.checkpoint_every)
-  state, extra_times = _initial_state(config, training, checkpoints, workdir)
+  state, extra_times = _initial_state(config, training, checkpoints, workdir, warm)
   start_step = int(state.step)
   profiler = Profiler(config, workdir, start_step, echo)  # its window is checked here
-  workdir_lib.prepare(workdir, config, data_identity)  # all checked: from here on we write
+  # All checked: from here on we write. This launch trains steps start_step + 1 to num_steps.
+  workdir_lib.prepare(workdir, config, data_identity, (start_step, num_steps))
   bar.update(start_step)
   log = MetricsLog(workdir, dataset_used=inputs.name, enabled=is_main, echo=echo)
   if is_main:
-    _announce(workdir, config, training, state, echo)
+    _announce(workdir, config, training, state, echo, warm)
   rstate, skipped_at_start = replicate(state), len(inputs.skipped_files())
   stream = inputs.batches(start_step)
   first_batch = next(stream)
@@ -318,11 +325,12 @@ def train_and_evaluate(
   return final
 
 
-def _initial_state(config, training: Training, checkpoints, workdir: Path):
-  """(state, times): the newest checkpoint's state, else the initial one with the parameters
-  the model computes from data; times: what that took, for the final eval's record."""
+def _initial_state(config, training: Training, checkpoints, workdir: Path, warm):
+  """(state, extra): the newest checkpoint's state, else the initial one with the parameters
+  the model computes from data; extra: what that took, and what the run took from
+  `init_from` (`warm`), for the final eval's record."""
   state = checkpoints.restore_latest(training.state)  # one that does not fit: UserError
-  start_step, times = int(state.step), {}
+  start_step, times = int(state.step), ({"init_from": warm} if warm else {})
   if start_step > training.num_steps:
     raise UserError(
       f"{workdir} holds a checkpoint of step {start_step}, past this run's "
@@ -337,14 +345,17 @@ def _initial_state(config, training: Training, checkpoints, workdir: Path):
   return state, times
 
 
-def _announce(workdir: Path, config, training: Training, state, echo) -> None:
-  """Process 0's records and lines before the first step: metadata, the run, its data."""
+def _announce(workdir: Path, config, training: Training, state, echo, warm) -> None:
+  """Process 0's records and lines before the first step: metadata, the run, its data, what
+  it took from `init_from` (`warm`)."""
   start_step = int(state.step)
   before = _last_device_count(workdir) if start_step else None
   _write_metadata(workdir, config, training)
   _describe(config, training, state, echo)
   if training.inputs.summary:
     echo(training.inputs.summary + _list_left_out(workdir, training.inputs))
+  if warm:
+    echo(trained.describe_warm_start(warm))
   if start_step:
     echo(f"resumed from the checkpoint at step {start_step}")
   if before and before != jax.device_count():
@@ -379,18 +390,10 @@ def _compiled_step(training: Training, rstate, first_batch, times: dict, echo, i
 def evaluate(inputs: Inputs, rstate, step: int, log, clock, all_views=True, **extra) -> dict:
   """An eval record, logged; periodic evals (all_views=False) use the eval's first view only."""
   start = time.perf_counter()
-  totals = inputs.evaluate(rstate, all_views)
-  record = {
-    "step": step,
-    "eval_loss": float(totals["loss_sum"] / totals["count"]),
-    "eval_accuracy": float(totals["correct"] / totals["count"]),
-    "eval_examples": int(totals["count"]),
-    "eval_sec": time.perf_counter() - start,
-    "elapsed_sec": clock.since_launch(),  # this launch's wall clock, as train records'
-    **extra,
-  }
-  if "correct_first_view" in totals:  # test-time augmentation: the plain accuracy too
-    record["eval_accuracy_first_view"] = float(totals["correct_first_view"] / totals["count"])
+  record = eval_record(step, inputs.evaluate(rstate, all_views))
+  record["eval_sec"] = time.perf_counter() - start
+  record["elapsed_sec"] = clock.since_launch()  # this launch's wall clock, as train records'
+  record.update(extra)
   log.eval(record)
   return record
 

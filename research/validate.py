@@ -34,6 +34,7 @@ INT_FIELDS = (
   ("host_image_size", 1),
   ("micro_batch_size", 0),
   ("seed", 0),
+  ("init_from_step", 0),
 )
 # Numeric fields with a valid range: (field, the range in words, the test).
 RANGES = (

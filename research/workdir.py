@@ -1,9 +1,16 @@
-"""The run directory: where a run writes, and the check that a resume continues the same run."""
+"""The run directory: where a run writes, and the check that a resume continues the same run.
+
+A run's first launch writes config.json and data.json: what it was trained on, never
+rewritten. Every launch appends its config and data to launches.jsonl; a resume is checked
+against the last launch that trained, and a launch that changed them
+(`--allow_config_change`) stays on record as such.
+"""
 
 import contextlib
 import errno
 import json
 import os
+import time
 from pathlib import Path
 
 import jax
@@ -11,7 +18,8 @@ import ml_collections
 
 from research.errors import UserError
 
-DATA_FILE = "data.json"  # the data a training run uses, checked when it resumes
+DATA_FILE = "data.json"  # the data a training run's first launch used
+LAUNCHES = "launches.jsonl"  # one record per launch: {"config", "data", "steps", "time"}
 
 # Fields that may change when a run in an existing workdir is resumed or extended.
 RESUMABLE_FIELDS = {
@@ -82,12 +90,39 @@ def write_errors_are_user_errors(workdir: Path):
     raise
 
 
+def launches(workdir: Path) -> list[dict]:
+  """The launches into `workdir` on record, first to last (a workdir of an older version: its
+  config.json and data.json as one launch)."""
+  path = Path(workdir) / LAUNCHES
+  records = []
+  for line in path.read_text().splitlines() if path.exists() else []:
+    try:
+      records.append(json.loads(line))
+    except json.JSONDecodeError:  # a line cut short by a kill
+      continue
+  if records or not (Path(workdir) / "config.json").exists():
+    return records
+  data = Path(workdir) / DATA_FILE
+  return [
+    {
+      "config": json.loads((Path(workdir) / "config.json").read_text()),
+      "data": json.loads(data.read_text()) if data.exists() else None,
+    }
+  ]
+
+
+def _trained(records: list[dict]) -> list[dict]:
+  """The launches that trained steps (a rerun of a finished run, an eval, trains none)."""
+  steps = lambda r: r.get("steps") or [0, 1]  # older records: assume it trained
+  return [r for r in records if steps(r)[0] < steps(r)[1]] or records
+
+
 def check_resumable(workdir: Path, config: ml_collections.ConfigDict, allow_change: bool) -> None:
   """Refuses to resume into a workdir that holds a different experiment."""
-  saved_path = Path(workdir) / "config.json"
-  if not saved_path.exists():
+  records = _trained(launches(workdir))
+  if not records:
     return
-  saved, current = json.loads(saved_path.read_text()), json.loads(config.to_json())
+  saved, current = records[-1]["config"], json.loads(config.to_json())
   if saved.get("experiment", current["experiment"]) != current["experiment"]:  # even allowed
     raise UserError(
       f"{workdir} holds a {saved['experiment']!r} experiment, not {current['experiment']!r}; "
@@ -114,30 +149,56 @@ def _describe(data: dict) -> str:
   return f"{data['dataset']}{fallback} (content {data['content']})"
 
 
-def check_data(workdir: Path, data: dict, allow_change: bool) -> None:
-  """Refuses to resume a run on other data than it was trained on (dataset, fallback, content).
+def _history(records: list[dict]) -> str:
+  """Which launches that trained used which data: "folder (content 1a2b…) in launches 1, 3"."""
+  numbered = [(n, r) for n, r in enumerate(records, 1) if r.get("data") and r in _trained(records)]
+  runs = []  # [data, [launch numbers]]
+  for number, record in numbered:
+    if runs and runs[-1][0] == record["data"]:
+      runs[-1][1].append(number)
+    else:
+      runs.append([record["data"], [number]])
+  said = [
+    f"{_describe(d)} in launch{'es' if len(ns) > 1 else ''} {', '.join(map(str, ns))}"
+    for d, ns in runs
+  ]
+  return ", then ".join(said)
 
-  `data` is {"dataset", "synthetic_fallback", "content"}; where the data lives may change.
-  """
-  saved_path = Path(workdir) / DATA_FILE
-  if not saved_path.exists() or allow_change:
+
+def check_data(workdir: Path, data: dict, allow_change: bool) -> None:
+  """Refuses to resume a run on other data than its last training launch used (dataset,
+  fallback, content). `data` is {"dataset", "synthetic_fallback", "content"}; where the data
+  lives may change."""
+  records = launches(workdir)
+  if not any(r.get("data") for r in records) or allow_change:
     return
-  saved = json.loads(saved_path.read_text())
+  saved = [r for r in _trained(records) if r.get("data")][-1]["data"]
   if changed := sorted(k for k in data if saved.get(k) != data[k]):
     raise UserError(
-      f"{workdir} was trained on {_describe(saved)} but this run would use {_describe(data)} "
-      f"({_differ(changed)}); supply the same data, use a new --workdir, or pass "
-      "--allow_config_change to go on with this data"
+      f"{workdir} was trained on {_history(records)}, but this run would use "
+      f"{_describe(data)} ({_differ(changed)}); supply the same data, use a new --workdir, or "
+      "pass --allow_config_change to go on with this data (to evaluate on other data: "
+      "./launch.sh eval WORKDIR --config.data_dir=DIR)"
     )
 
 
-def prepare(workdir: Path, config: ml_collections.ConfigDict, data: dict | None = None) -> None:
-  """Creates the workdir and records the resolved config (and the data a training run uses);
-  call once the input is validated."""
+def prepare(
+  workdir: Path, config: ml_collections.ConfigDict, data: dict | None = None, steps=None
+) -> None:
+  """Creates the workdir, records the resolved config and the data a training run uses (the
+  first launch's in config.json and data.json, every launch's in launches.jsonl, with the
+  `steps` [first, last] it trains); call once the input is validated."""
   if jax.process_index() != 0:
     return
-  Path(workdir).mkdir(parents=True, exist_ok=True)
-  (Path(workdir) / "config.json").write_text(config.to_json(indent=2) + "\n")
-  if data is not None:
-    (Path(workdir) / DATA_FILE).write_text(json.dumps(data, indent=2) + "\n")
+  workdir = Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  if not (workdir / "config.json").exists():
+    (workdir / "config.json").write_text(config.to_json(indent=2) + "\n")
+  if data is not None and not (workdir / DATA_FILE).exists():
+    (workdir / DATA_FILE).write_text(json.dumps(data, indent=2) + "\n")
+  record = {"time": time.time(), "config": json.loads(config.to_json()), "data": data}
+  if steps is not None:
+    record["steps"] = list(steps)
+  with open(workdir / LAUNCHES, "a") as f:
+    f.write(json.dumps(record) + "\n")
   print(f"workdir: {workdir}", flush=True)

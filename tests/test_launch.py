@@ -192,6 +192,10 @@ def test_the_scaling_report_runs_as_a_tool_and_the_other_commands_as_before(mach
   assert calls[-1] == f"-m tools.scaling --config={SMOKE} --config.scaling_report=True"
   assert machine("report", "--render", gpu=False)[-1] == "-m tools.report --render"
   assert machine("bench", "--small", gpu=False)[-1] == "-m tools.benchmark --small"
+  assert machine("eval", "runs/a", gpu=False)[-1] == "-m research.trained eval runs/a"
+  assert machine("predict", "runs/a", "x.jpg", gpu=False)[-1] == (
+    "-m research.trained predict runs/a x.jpg"
+  )
   calls = machine(SMOKE, "--config.scaling_report=False", gpu=False)
   assert calls[-1] == f"-m research.main --config={SMOKE} --config.scaling_report=False"
 

@@ -1,11 +1,17 @@
 """The README is a tested document: its fork recipe passes the suite as written."""
 
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from PIL import Image
+
+from research import configuration
+from research.train import train_and_evaluate
 
 ROOT = Path(__file__).parent.parent
 README = (ROOT / "README.md").read_text()
@@ -68,3 +74,23 @@ def test_the_fork_recipe_copied_verbatim_passes_ruff_and_the_config_tests(tmp_pa
 
   assert first_loss("smoke,focal") < first_loss("smoke")
   first_loss("smoke,mixup,focal")
+
+
+def test_the_python_example_of_using_a_trained_model_runs_as_written(tmp_path):
+  code = re.search(r"```python\n(.*?)```", _section("Using a trained model"), re.S).group(1)
+  workdir = re.search(r'trained\.load\("([^"]+)"\)', code).group(1)
+  config = configuration.load("configs/cifar_keras_cnn.py:smoke")
+  config.update(num_train_steps=2, log_every_steps=1)
+  train_and_evaluate(config, str(tmp_path / workdir))
+  Image.new("RGB", (40, 30), (200, 120, 40)).save(tmp_path / "cat.jpg")
+  result = subprocess.run(
+    [sys.executable, "-c", code],
+    cwd=tmp_path,
+    env={**os.environ, "PYTHONPATH": str(ROOT)},
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert result.returncode == 0, result.stderr[-2000:]
+  name, probability = result.stdout.split()
+  assert name in [str(i) for i in range(10)] and 0.1 <= float(probability) <= 1  # synthetic data

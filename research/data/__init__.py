@@ -14,6 +14,20 @@ STREAMED = ("imagenet2012", "imagenette")  # tfds array_record, research/data/st
 DATASETS = (*IN_MEMORY, *STREAMED, "folder")  # folder: resident or streamed (data_placement)
 PLACEMENTS = ("auto", "resident", "streamed")
 CLASSES = {"cifar10": 10, "imagenet2012": 1000, "imagenette": 10}  # a folder's: its directories
+CIFAR10_NAMES = (
+  "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"
+)  # fmt: skip
+
+
+def class_names(dataset: str, num_classes: int, folder_classes=None) -> tuple[str, ...]:
+  """The names of the classes, in label order: a folder's class directories, CIFAR-10's
+  names, or the labels as text."""
+  if folder_classes is not None:
+    return tuple(folder_classes)
+  if dataset == "cifar10" and num_classes == len(CIFAR10_NAMES):
+    return CIFAR10_NAMES
+  return tuple(str(label) for label in range(num_classes))
+
 
 # Where downloaded archives and decoded image folders are kept.
 CACHE = Path(os.environ.get("RESEARCH_DATA_CACHE", Path.home() / ".cache" / "research"))

@@ -57,7 +57,7 @@ def _class_dirs(split_dir: Path) -> list[str]:
   return sorted(d.name for d in split_dir.iterdir() if d.is_dir() and not d.name.startswith("."))
 
 
-def _files_under(directory: Path) -> tuple[list[str], list[str]]:
+def files_under(directory: Path) -> tuple[list[str], list[str]]:
   """(images, passed over) under `directory`, subfolders included, as sorted paths relative to
   it. Hidden files and folders (a name starting with ".": .DS_Store, .ipynb_checkpoints/) and
   files whose extension PIL does not read (Thumbs.db, notes.txt) are passed over."""
@@ -88,7 +88,7 @@ def _split(root: Path, name: str, classes: list[str], skip_bad: bool = False):
     class_dir = root / name / cls
     if not class_dir.is_dir():
       continue
-    files, other = _files_under(class_dir)
+    files, other = files_under(class_dir)
     passed_over += [f"{name}/{cls}/{f}" for f in other]
     if not files and name == "train":
       if not skip_bad:

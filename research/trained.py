@@ -1,0 +1,370 @@
+"""A trained run, used again: loaded in Python, or its checkpoint evaluated again.
+
+  ./launch.sh eval WORKDIR [--step=N] [--config.FIELD=VALUE ...]
+  ./launch.sh predict WORKDIR PATH ... [--top_k=K] [--output=FILE.csv] [--step=N]
+
+`eval` evaluates the newest checkpoint (or step N) with the run's own config and data, every
+view of its eval preprocessing, and prints the training's eval line; with no override it
+reproduces the final eval record. `data_dir` (another folder of the same classes),
+`eval_preprocess` and `eval_batch_size` may be overridden. Each eval's record, with what was
+overridden, is appended to WORKDIR/evals.jsonl; nothing the training reads is touched.
+
+`predict` reads image files (a PATH that is a folder: every image under it), brings each to
+the size the run trained on as its data path does (resident data: shorter side resized,
+center cropped; streamed: longer side resized, padded), and writes for each its top K classes
+and their probabilities: a CSV (`path`, `class`, `probability`, `class_2`, ...) or a table.
+A file that does not decode is named and skipped.
+
+`load(WORKDIR)` gives the run's config, class names, variables and model, and
+`predict(images_u8)`: class probabilities, through the run's eval preprocessing.
+"""
+
+import argparse
+import csv
+import dataclasses
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import traverse_util
+
+from research import augment as augment_lib
+from research import checkpoint, configuration, environment, models, steps, validate
+from research import inputs as inputs_lib
+from research.data import folder
+from research.errors import EXIT_USER_ERROR, UserError
+from research.metrics import eval_record, format_eval_line
+from research.placement import replicate
+from research.steps import AXIS
+
+EVALS = "evals.jsonl"  # one record per `eval`, in the workdir
+EVAL_FIELDS = ("data_dir", "eval_preprocess", "eval_batch_size")  # what `eval` may change
+
+
+@flax.struct.dataclass
+class Weights:
+  """What the eval takes of a train state."""
+
+  params: Any
+  batch_stats: Any
+  apply_fn: Callable = flax.struct.field(pytree_node=False)
+
+
+@dataclasses.dataclass
+class Trained:
+  """A run's checkpoint, ready to use (`load`)."""
+
+  config: ml_collections.ConfigDict  # as the run resolved it (WORKDIR/config.json)
+  classes: tuple[str, ...]  # class names, in label order
+  variables: dict  # {"params": ..., "batch_stats": ...}
+  model: nn.Module
+  step: int  # the checkpoint's
+
+  def predict(self, images_u8, sizes=None) -> np.ndarray:
+    """Class probabilities [N, num_classes] of uint8 images [N, H, W, 3] of the size the run
+    trained on, through its eval preprocessing (every view); `sizes` [N, 2]: the valid part
+    of padded images, for a run on streamed data."""
+    images_u8 = jnp.asarray(images_u8, jnp.uint8)
+    return np.asarray(jax.jit(self.probabilities)(self.variables, images_u8, sizes))
+
+  def probabilities(self, variables, images_u8, sizes=None):
+    """`predict` as a function of the variables, to jit or pmap."""
+    preprocess = augment_lib.build(self.config.eval_preprocess, self.config.seed)
+    weights = Weights(variables["params"], variables["batch_stats"], self.model.apply)
+    logits, _ = steps.eval_logits(weights, images_u8, sizes, preprocess=preprocess)
+    return jax.nn.softmax(logits)
+
+  @property
+  def image_size(self) -> int:
+    """The side of the square images the run trained on."""
+    if self.config.dataset == "synthetic":
+      return self.config.synthetic_image_size
+    return 32 if self.config.dataset == "cifar10" else self.config.host_image_size
+
+
+def run_config(workdir: Path) -> ml_collections.ConfigDict:
+  """The config a training run in `workdir` resolved (its config.json)."""
+  path = Path(workdir) / "config.json"
+  if not path.is_file():
+    raise UserError(f"{workdir} holds no config.json: it is not a run's workdir")
+  config = ml_collections.ConfigDict(json.loads(path.read_text()))
+  if config.get("experiment") == "train":  # fields added since the run take their defaults
+    from configs.common import training_defaults
+
+    defaults = training_defaults()
+    defaults.update(config)
+    config = defaults
+  if config.get("experiment") != "train":
+    raise UserError(
+      f"{workdir} holds a {config.get('experiment')!r} experiment, not a training run"
+    )
+  return config
+
+
+def run_classes(workdir: Path, config) -> tuple[str, ...]:
+  """The class names the run's last launch recorded (numbers for runs before they were)."""
+  path = Path(workdir) / "metadata.jsonl"
+  for line in reversed(path.read_text().splitlines() if path.exists() else []):
+    try:
+      classes = json.loads(line).get("classes")
+    except json.JSONDecodeError:  # a line cut short by a kill
+      continue
+    if classes:
+      return tuple(classes)
+  return tuple(str(label) for label in range(config.model.num_classes))
+
+
+def load(workdir, step: int | None = None) -> Trained:
+  """The run in `workdir` at its newest checkpoint (or `step`'s)."""
+  workdir = Path(workdir)
+  config = run_config(workdir)
+  step, state = checkpoint.read(workdir, step)
+  variables = {"params": state["params"], "batch_stats": state.get("batch_stats", {})}
+  model = models.create(config.model, None)
+  return Trained(config, run_classes(workdir, config), variables, model, step)
+
+
+def evaluate(workdir, step: int | None = None, overrides=()) -> dict:
+  """Evaluates the run in `workdir` (its newest checkpoint, or `step`'s) with `overrides`
+  [(field, text)] of EVAL_FIELDS; prints the eval line, appends the record to evals.jsonl."""
+  workdir = Path(workdir)
+  config = run_config(workdir)
+  for field, value in overrides:
+    if field not in EVAL_FIELDS:
+      raise UserError(
+        f"eval does not change {field}; it takes --config.FIELD=VALUE for {', '.join(EVAL_FIELDS)}"
+      )
+    configuration.override(config, field, value)
+  checked = validate.train_config(config, jax.device_count())
+  classes = run_classes(workdir, config)
+  step, state = checkpoint.read(workdir, step)  # before any data is loaded
+  if config.dataset == "folder":  # its class directories, before its images are decoded
+    _check_classes(config.data_dir, folder.scan(config.data_dir).classes, classes)
+  _, shuffle_key, step_key = jax.random.split(jax.random.key(config.seed), 3)
+  inputs = inputs_lib.make(
+    config,
+    per_device_batch=checked.per_device_batch,
+    augment=checked.augment,
+    preprocess=checked.eval_preprocess,
+    shuffle_key=shuffle_key,
+    step_key=step_key,
+  )
+  _check_classes(config.data_dir or config.dataset, inputs.classes, classes)
+  model = models.create(config.model, AXIS)
+  weights = Weights(state["params"], state.get("batch_stats", {}), model.apply)
+  start = time.perf_counter()
+  record = eval_record(step, inputs.evaluate(replicate(weights), True))
+  record.update(eval_sec=time.perf_counter() - start, time=time.time())
+  record["overrides"] = dict(overrides)
+  print(format_eval_line(record), flush=True)
+  if jax.process_index() == 0:
+    with open(workdir / EVALS, "a") as f:
+      f.write(json.dumps(record) + "\n")
+  return record
+
+
+def predict(workdir, paths, top_k: int = 1, output=None, step: int | None = None) -> list[dict]:
+  """Each readable image under `paths`: {"path", "classes": top_k names, "probabilities"};
+  written to `output` (a CSV) or printed as a table."""
+  model = load(Path(workdir), step)
+  if not 1 <= top_k <= len(model.classes):
+    raise UserError(f"--top_k={top_k}: choose 1 to {len(model.classes)} (the run's classes)")
+  files = _image_files(paths)
+  streamed = augment_lib.build(model.config.eval_preprocess).windowed
+  size = model.image_size
+  decoded = []
+  for path in files:
+    try:
+      image = folder.read_rgb(str(path), max_side=size) if streamed else None
+      image = folder.read_rgb(str(path), cover=size) if image is None else image
+    except folder.DECODE_ERRORS as e:
+      print(f"skipped {path}: not an image PIL can decode ({type(e).__name__})", file=sys.stderr)
+      continue
+    decoded.append((path, folder.pad_to_square(image, size) if streamed else {"image": image}))
+  if not decoded:
+    raise UserError(f"no image under {', '.join(map(str, paths))} could be decoded")
+  examples = [d for _, d in decoded]
+  probabilities = _on_all_devices(model, examples, model.config.eval_batch_size, streamed)
+  rows = []
+  for (path, _), p in zip(decoded, probabilities, strict=True):
+    best = np.argsort(-p, kind="stable")[:top_k]
+    rows.append(
+      {"path": str(path), "classes": [model.classes[i] for i in best], "probabilities": p[best]}
+    )
+  _write(rows, top_k, output)
+  return rows
+
+
+def _image_files(paths) -> list[Path]:
+  """The files named, and the images under the folders named (as an image folder's split)."""
+  files = []
+  for path in map(Path, paths):
+    if path.is_dir():
+      files += [path / f for f in folder.files_under(path)[0]]
+    elif path.is_file():
+      files.append(path)
+    else:
+      raise UserError(f"{path} does not exist; give image files or folders of them")
+  if not files:
+    raise UserError(f"no image files under {', '.join(map(str, paths))}")
+  return files
+
+
+def _on_all_devices(model: Trained, examples: list[dict], batch: int, padded: bool):
+  """Probabilities [N, classes] of the examples, `batch` at a time split over the devices;
+  `padded`: the examples carry the valid size of their padded images (streamed data)."""
+  n_devices = jax.local_device_count()
+  per_device = max(1, batch // n_devices)
+  fn = model.probabilities if padded else lambda v, x, _: model.probabilities(v, x)
+  p_probabilities = jax.pmap(fn, in_axes=(None, 0, 0))
+  images = np.stack([e["image"] for e in examples])
+  whole = np.asarray(images.shape[1:3], np.int32)
+  sizes = np.stack([e.get("size", whole) for e in examples])
+  out = []
+  for start in range(0, len(images), per_device * n_devices):
+    chunk = slice(start, start + per_device * n_devices)
+    part, part_sizes, n = images[chunk], sizes[chunk], len(images[chunk])
+    pad = -n % n_devices  # a last chunk shorter than the devices: padded, then dropped
+    part = np.concatenate([part, np.repeat(part[-1:], pad, 0)])
+    part_sizes = np.concatenate([part_sizes, np.repeat(part_sizes[-1:], pad, 0)])
+    split = lambda x: x.reshape(n_devices, -1, *x.shape[1:])  # [devices, per_device, ...]
+    result = p_probabilities(model.variables, split(part), split(part_sizes))
+    out.append(np.asarray(result).reshape(-1, result.shape[-1])[:n])
+  return np.concatenate(out)
+
+
+def _write(rows: list[dict], top_k: int, output) -> None:
+  header = ["path", "class", "probability"]
+  header += [f"{name}_{k}" for k in range(2, top_k + 1) for name in ("class", "probability")]
+  pairs = lambda row: zip(row["classes"], row["probabilities"], strict=True)
+  table = [[row["path"], *(v for pair in pairs(row) for v in pair)] for row in rows]
+  if output:
+    with open(output, "w", newline="") as f:
+      writer = csv.writer(f)
+      writer.writerow(header)
+      writer.writerows([[c if isinstance(c, str) else f"{c:.6f}" for c in r] for r in table])
+    print(f"wrote {len(rows)} predictions to {output}")
+    return
+  text = [[c if isinstance(c, str) else f"{c:.4f}" for c in r] for r in table]
+  widths = [max(len(r[i]) for r in [header, *text]) for i in range(len(header))]
+  for r in [header, *text]:
+    print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+
+
+def warm_start_source(config) -> tuple[Path, int | None]:
+  """(workdir, step or None for the newest) that `config.init_from` names; a user error
+  unless it is a run's workdir with checkpoints, or one of its checkpoints."""
+  source = Path(config.init_from).expanduser()
+  step = config.init_from_step or None
+  if source.parent.name == "checkpoints" and source.name.isdecimal():
+    source, step = source.parent.parent, int(source.name)
+  if not (source / "checkpoints").is_dir():
+    raise UserError(
+      f"init_from={config.init_from!r} is neither a run's workdir nor one of its checkpoints "
+      "(WORKDIR/checkpoints/STEP); name the workdir of a finished run"
+    )
+  checkpoint.steps_in(source, step)  # a user error if it holds none, or not that step
+  return source, step
+
+
+def warm_start(state, config) -> tuple[object, dict]:
+  """`state` with the params and BatchNorm statistics of `config.init_from` wherever a path
+  and shape match (the optimizer state and step stay fresh), and a record of what was
+  taken and what was initialised afresh."""
+  source, step = warm_start_source(config)
+  step, saved = checkpoint.read(source, step)
+  taken, fresh = [], []
+  merged = {}
+  for collection in ("params", "batch_stats"):
+    mine = traverse_util.flatten_dict(flax.core.unfreeze(getattr(state, collection)), sep="/")
+    theirs = traverse_util.flatten_dict(saved.get(collection) or {}, sep="/")
+    out = {}
+    for path, value in mine.items():
+      other = theirs.get(path)
+      same = other is not None and np.shape(other) == np.shape(value)
+      (taken if same else fresh).append(f"{collection}/{path}")
+      out[path] = np.asarray(other, np.asarray(value).dtype) if same else value
+    merged[collection] = traverse_util.unflatten_dict(out, sep="/")
+  if not any(p.startswith("params/") for p in taken):
+    raise UserError(
+      f"init_from={config.init_from!r}: none of its parameters matches this model's by name "
+      "and shape (another architecture?); start from a run of the same model"
+    )
+  record = {"source": str(source), "step": step, "taken": len(taken), "fresh": fresh}
+  return state.replace(**merged), record
+
+
+def describe_warm_start(record: dict) -> str:
+  fresh = record["fresh"]
+  line = (
+    f"initialised from {record['source']} (step {record['step']}): {record['taken']} arrays of "
+    f"params and BatchNorm statistics taken"
+  )
+  if fresh:
+    names = ", ".join(fresh[:6]) + (f" and {len(fresh) - 6} more" if len(fresh) > 6 else "")
+    line += f"; {len(fresh)} initialised afresh (another shape, or absent there): {names}"
+  return line + "; optimizer state and step start fresh"
+
+
+def _check_classes(data: str, found, trained_on) -> None:
+  if tuple(found) != tuple(trained_on):
+    differ = sorted(set(found) ^ set(trained_on))[:5] or ["their order"]
+    raise UserError(
+      f"{data} has {len(found)} classes where the run was trained on {len(trained_on)}, and they "
+      f"differ in {', '.join(differ)}; evaluate on data of the same classes"
+    )
+
+
+def parse_args(argv: list[str]):
+  """(the command, its arguments, the --config.FIELD=VALUE overrides)."""
+  command = argv[0] if argv else ""
+  if command not in ("eval", "predict"):
+    raise UserError("say what to do with the run: eval WORKDIR, or predict WORKDIR PATH ...")
+  parser = argparse.ArgumentParser(
+    prog=f"launch.sh {command}", description=__doc__.split("\n\n")[0]
+  )
+  parser.add_argument("workdir", help="a training run's --workdir")
+  if command == "predict":
+    parser.add_argument("paths", nargs="+", help="image files, or folders of them")
+    parser.add_argument("--top_k", type=int, default=1, help="classes per image")
+    parser.add_argument("--output", default="", help="a CSV file (default: a table)")
+  parser.add_argument("--step", type=int, default=None, help="default: the newest checkpoint")
+  args, rest = parser.parse_known_args(argv[1:])
+  args.command = command
+  overrides = []
+  for item in rest:
+    field, sep, value = item.removeprefix("--config.").partition("=")
+    if not item.startswith("--config.") or not sep:
+      raise UserError(f"unknown argument {item!r}; expected --config.FIELD=VALUE")
+    overrides.append((field, value))
+  return args, overrides
+
+
+def main(argv: list[str]) -> int:
+  try:
+    environment.check(environment.CORE)
+    args, overrides = parse_args(argv)
+    workdir = Path(args.workdir).expanduser()
+    if args.command == "eval":
+      evaluate(workdir, args.step, overrides)
+    elif overrides:
+      raise UserError("predict uses the run's config as it is; it takes no --config.FIELD")
+    else:
+      predict(workdir, args.paths, args.top_k, args.output, args.step)
+  except UserError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return EXIT_USER_ERROR
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,247 @@
+"""A trained run used again: its checkpoint evaluated (on 8 devices and on 1), loaded in Python."""
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from research import configuration, trained
+from research.errors import EXIT_USER_ERROR, UserError
+from research.train import train_and_evaluate
+
+ROOT = Path(__file__).parent.parent
+SLICE = Path(__file__).parent / "data" / "cifar10_slice"  # 16 train + 8 test real JPEGs a class
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> tuple[Path, dict]:
+  """(workdir, final eval record) of the Keras CNN's :smoke trained on the real-image slice."""
+  root = tmp_path_factory.mktemp("trained")
+  data = Path(shutil.copytree(SLICE, root / "data"))
+  config = configuration.load("configs/cifar_keras_cnn.py:smoke")
+  config.update(dataset="folder", data_dir=str(data), batch_size=32, eval_batch_size=16)
+  config.update(num_train_steps=10, log_every_steps=5)
+  final = train_and_evaluate(config, str(root / "run"))
+  return root / "run", final
+
+
+def test_eval_reproduces_the_final_eval_and_leaves_the_training_s_files_alone(run):
+  workdir, final = run
+  before = {p.name: p.read_bytes() for p in workdir.iterdir() if p.is_file()}
+  record = trained.evaluate(workdir)
+  for field in ("step", "eval_loss", "eval_accuracy", "eval_examples"):
+    assert record[field] == final[field], field
+  after = {p.name: p.read_bytes() for p in workdir.iterdir() if p.is_file()}
+  assert after.pop(trained.EVALS) and after == before
+  assert json.loads((workdir / trained.EVALS).read_text().splitlines()[-1])["overrides"] == {}
+
+
+def test_eval_on_one_device_of_a_run_trained_on_8_counts_the_same(run):
+  workdir, final = run
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+  result = subprocess.run(
+    [sys.executable, "-m", "research.trained", "eval", str(workdir), "--config.eval_batch_size=20"],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert result.returncode == 0, result.stderr[-2000:]
+  loss, accuracy = final["eval_loss"], final["eval_accuracy"]
+  assert f"eval at step 10: loss = {loss:.4f}, accuracy = {accuracy:.4f} over 80" in result.stdout
+  record = json.loads((workdir / trained.EVALS).read_text().splitlines()[-1])
+  assert record["overrides"] == {"eval_batch_size": "20"}
+
+
+def test_load_predicts_the_eval_s_classes_from_images(run):
+  workdir, final = run
+  model = trained.load(workdir)
+  assert model.step == 10 and model.config.model.name == "keras_cnn"
+  assert model.classes[:3] == ("airplane", "automobile", "bird")  # the folder's class names
+  paths = sorted((workdir.parent / "data" / "test").rglob("*.jpg"))
+  images = np.stack([np.asarray(Image.open(p).convert("RGB")) for p in paths])  # 32×32
+  labels = np.array([model.classes.index(p.parent.name) for p in paths])
+  probabilities = model.predict(images)
+  assert probabilities.shape == (80, 10)
+  np.testing.assert_allclose(probabilities.sum(-1), 1, rtol=1e-5)
+  assert np.mean(probabilities.argmax(-1) == labels) == final["eval_accuracy"]
+
+
+def test_eval_s_bad_inputs_are_user_errors_before_anything_is_written(run, tmp_path):
+  workdir, _ = run
+  with pytest.raises(UserError, match="holds no checkpoint of step 3; it holds steps \\[10\\]"):
+    trained.evaluate(workdir, step=3)
+  with pytest.raises(UserError, match="eval does not change learning_rate"):
+    trained.evaluate(workdir, overrides=[("learning_rate", "0.1")])
+  with pytest.raises(UserError, match="holds no config.json"):
+    trained.evaluate(tmp_path)
+  other = Path(shutil.copytree(SLICE, tmp_path / "other"))
+  shutil.move(other / "train" / "truck", other / "train" / "lorry")
+  shutil.move(other / "test" / "truck", other / "test" / "lorry")
+  with pytest.raises(UserError, match="same classes"):
+    trained.evaluate(workdir, overrides=[("data_dir", str(other))])
+  empty = tmp_path / "empty"
+  shutil.copytree(workdir, empty, ignore=shutil.ignore_patterns("checkpoints"))
+  with pytest.raises(UserError, match="holds no checkpoint; train into it first"):
+    trained.evaluate(empty)
+  with pytest.raises(SystemExit) as e:  # argparse: its usage and an error line
+    trained.main(["eval"])
+  assert e.value.code == EXIT_USER_ERROR
+  assert trained.main(["evaluate", str(workdir)]) == EXIT_USER_ERROR
+
+
+def test_predict_over_the_test_folder_gives_the_eval_s_accuracy_in_its_csv(run, tmp_path):
+  workdir, final = run
+  test = workdir.parent / "data" / "test"
+  odd = tmp_path / "odd"
+  odd.mkdir()
+  Image.new("I;16", (57, 31), 40000).save(odd / "wide16.png")  # any size and mode
+  (odd / "broken.jpg").write_bytes(b"not a jpeg")
+  output = tmp_path / "predictions.csv"
+  code = trained.main(
+    ["predict", str(workdir), str(test), str(odd), "--top_k=3", f"--output={output}"]
+  )
+  assert code == 0
+  with open(output) as f:
+    rows = list(csv.DictReader(f))
+  assert list(rows[0]) == [
+    "path",
+    "class",
+    "probability",
+    "class_2",
+    "probability_2",
+    "class_3",
+    "probability_3",
+  ]
+  assert len(rows) == 80 + 1  # the broken file skipped
+  from_test = [r for r in rows if Path(r["path"]).is_relative_to(test)]
+  correct = [Path(r["path"]).parent.name == r["class"] for r in from_test]
+  assert np.mean(correct) == final["eval_accuracy"]
+  assert all(float(r["probability"]) >= float(r["probability_2"]) for r in rows)
+
+
+def test_predict_s_bad_inputs_are_user_errors(run, tmp_path, capsys):
+  workdir, _ = run
+  assert trained.main(["predict", str(workdir), str(tmp_path / "absent.jpg")]) == EXIT_USER_ERROR
+  assert "absent.jpg does not exist" in capsys.readouterr().err
+  assert trained.main(["predict", str(workdir), str(tmp_path), "--top_k=11"]) == EXIT_USER_ERROR
+  (tmp_path / "notes.txt").write_text("no images here")
+  assert trained.main(["predict", str(workdir), str(tmp_path)]) == EXIT_USER_ERROR
+  assert "no image files under" in capsys.readouterr().err
+
+
+def _five_classes(tmp_path) -> Path:
+  """The slice's last 5 classes: another task for the pretrained network."""
+  data = tmp_path / "five"
+  for split in ("train", "test"):
+    for name in sorted(p.name for p in (SLICE / split).iterdir())[5:]:
+      shutil.copytree(SLICE / split / name, data / split / name)
+  return data
+
+
+def test_a_fine_tune_starts_from_the_run_s_weights_with_a_new_head_and_a_frozen_backbone(
+  run, tmp_path, capsys
+):
+  workdir, _ = run
+  source = trained.load(workdir)
+  config = configuration.load("configs/cifar_keras_cnn.py:smoke")
+  config.update(dataset="folder", data_dir=str(_five_classes(tmp_path)), batch_size=16)
+  config.update(eval_batch_size=8, num_train_steps=3, log_every_steps=1, init_from=str(workdir))
+  config.model.num_classes = 5
+  config.param_groups = {"backbone": {"match": "^Conv_", "optimizer": "frozen"}}
+  final = train_and_evaluate(config, str(tmp_path / "fine"))
+  line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("initialised from")]
+  assert line == [
+    f"initialised from {workdir} (step 10): 10 arrays of params and BatchNorm statistics taken; "
+    "2 initialised afresh (another shape, or absent there): params/Dense_1/bias, "
+    "params/Dense_1/kernel; optimizer state and step start fresh"
+  ]
+  assert final["init_from"]["fresh"] == ["params/Dense_1/bias", "params/Dense_1/kernel"]
+  tuned = trained.load(tmp_path / "fine")
+  for name in ("Conv_0", "Conv_3"):  # frozen: exactly the pretrained weights
+    np.testing.assert_array_equal(
+      tuned.variables["params"][name]["kernel"], source.variables["params"][name]["kernel"]
+    )
+  assert tuned.variables["params"]["Dense_1"]["kernel"].shape == (512, 5)
+  # A resumed fine-tune resumes its own checkpoint and never reads init_from again.
+  config.update(num_train_steps=4, init_from=str(tmp_path / "gone"))
+  train_and_evaluate(config, str(tmp_path / "fine"), allow_data_change=True)
+
+
+def test_init_from_a_missing_path_or_another_architecture_is_a_user_error(run, tmp_path):
+  workdir, _ = run
+  config = configuration.load("configs/cifar_vgg.py:smoke")
+  config.init_from = str(tmp_path / "absent")
+  with pytest.raises(UserError, match="neither a run's workdir nor one of its checkpoints"):
+    train_and_evaluate(config, str(tmp_path / "a"))
+  config.init_from = str(workdir / "checkpoints" / "3")
+  with pytest.raises(UserError, match="holds no checkpoint of step 3"):
+    train_and_evaluate(config, str(tmp_path / "b"))
+  config.init_from = str(workdir)  # a Keras CNN's weights for VGG
+  with pytest.raises(UserError, match="none of its parameters matches this model's"):
+    train_and_evaluate(config, str(tmp_path / "c"))
+  assert not any((tmp_path / d).exists() for d in "abc")
+
+
+def test_a_workdir_keeps_what_each_launch_used_and_a_rerun_on_other_data_does_not_rewrite_it(
+  tmp_path,
+):
+  first = Path(shutil.copytree(SLICE, tmp_path / "first"))
+  other = Path(shutil.copytree(SLICE, tmp_path / "other"))
+  next(other.glob("train/cat/*.jpg")).unlink()  # the same classes, other content
+  config = configuration.load("configs/cifar_keras_cnn.py:smoke")
+  config.update(dataset="folder", data_dir=str(first), batch_size=32, eval_batch_size=16)
+  config.update(num_train_steps=2, log_every_steps=1)
+  workdir = tmp_path / "run"
+  train_and_evaluate(config, str(workdir))
+  trained_on = (workdir / "data.json").read_text(), (workdir / "config.json").read_text()
+  # The rerun a newcomer tried for an eval on other data: it trains nothing.
+  config.data_dir = str(other)
+  train_and_evaluate(config, str(workdir), allow_data_change=True)
+  assert ((workdir / "data.json").read_text(), (workdir / "config.json").read_text()) == trained_on
+  launches = [json.loads(x) for x in (workdir / "launches.jsonl").read_text().splitlines()]
+  assert [r["steps"] for r in launches] == [[0, 2], [2, 2]]
+  assert [r["config"]["data_dir"] for r in launches] == [str(first), str(other)]
+  # The original command still resumes: the run was trained on the first folder only.
+  config.update(data_dir=str(first), num_train_steps=3)
+  train_and_evaluate(config, str(workdir))
+  # Training on the other folder, refused, names which launch used which data.
+  config.update(data_dir=str(other), num_train_steps=4)
+  with pytest.raises(
+    UserError, match=r"was trained on folder \(content \w+\) in launches 1, 3, but"
+  ):
+    train_and_evaluate(config, str(workdir))
+
+
+def test_predict_and_a_fine_tune_run_on_one_device_as_on_8(run, tmp_path):
+  workdir, _ = run
+  one = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+  test = workdir.parent / "data" / "test"
+  output = tmp_path / "one.csv"
+  command = [sys.executable, "-m", "research.trained", "predict", str(workdir), str(test)]
+  result = subprocess.run(
+    [*command, f"--output={output}"], cwd=ROOT, env=one, capture_output=True, text=True
+  )
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert (
+    trained.main(["predict", str(workdir), str(test), f"--output={tmp_path / 'eight.csv'}"]) == 0
+  )
+  classes = lambda path: [row["class"] for row in csv.DictReader(path.read_text().splitlines())]
+  assert classes(output) == classes(tmp_path / "eight.csv")
+  tune = [sys.executable, "-m", "research.main", "--config=configs/cifar_keras_cnn.py:smoke"]
+  tune += [f"--workdir={tmp_path / 'fine'}", f"--config.init_from={workdir}"]
+  tune += ["--config.dataset=folder", f"--config.data_dir={_five_classes(tmp_path)}"]
+  tune += ["--config.model.num_classes=5", "--config.num_train_steps=2", "--config.batch_size=16"]
+  result = subprocess.run(tune, cwd=ROOT, env=one, capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert (
+    "2 initialised afresh (another shape, or absent there): params/Dense_1/bias" in result.stdout
+  )
