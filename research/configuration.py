@@ -73,6 +73,18 @@ def _a(kind: type) -> str:
   return f"{'an' if kind.__name__[0] in 'aeiou' else 'a'} {kind.__name__}"
 
 
+def overrides(arguments: list[str]) -> list[tuple[str, str]]:
+  """[(field, text)] of command-line `--config.FIELD=VALUE` arguments; anything else is a
+  user error."""
+  pairs = []
+  for item in arguments:
+    field, sep, value = item.removeprefix("--config.").partition("=")
+    if not item.startswith("--config.") or not sep:
+      raise UserError(f"unknown argument {item!r}; expected --config.FIELD=VALUE")
+    pairs.append((field, value))
+  return pairs
+
+
 def override(config: ml_collections.ConfigDict, field: str, text: str) -> None:
   """Sets `config.<field>` (dotted) from its command-line text."""
   fields = _fields(config)

@@ -94,6 +94,24 @@ def make(config, *, per_device_batch, augment, preprocess, shuffle_key, step_key
   return dataclasses.replace(inputs, classes=classes)
 
 
+def run_keys(seed: int):
+  """(init, shuffle, step) keys: what a run's parameters, data order and steps draw from."""
+  return jax.random.split(jax.random.key(seed), 3)
+
+
+def for_run(config, checked) -> Inputs:
+  """`make` for a run of `config` (`checked` by validate.train_config), keyed by its seed."""
+  _, shuffle_key, step_key = run_keys(config.seed)
+  return make(
+    config,
+    per_device_batch=checked.per_device_batch,
+    augment=checked.augment,
+    preprocess=checked.eval_preprocess,
+    shuffle_key=shuffle_key,
+    step_key=step_key,
+  )
+
+
 def eval_pipelines(preprocess) -> dict:
   """{all_views: the eval's pipeline}: every view for the final eval (True), the first view
   for periodic evals (False); the same pipeline twice without views."""

@@ -111,13 +111,9 @@ def parse_args(argv: list[str]):
   group.add_argument("--num_processes", type=int, default=_env_int("JAX_NUM_PROCESSES"))
   group.add_argument("--process_id", type=int, default=_env_int("JAX_PROCESS_ID"))
   args, rest = parser.parse_known_args(argv)
-  overrides = []
-  for item in rest:
-    field, sep, value = item.removeprefix("--config.").partition("=")
-    if not item.startswith("--config.") or not sep:
-      raise UserError(f"unknown argument {item!r}; expected --config.FIELD=VALUE")
-    overrides.append((field, value))
-  return args, overrides
+  from research import configuration  # imports the packages environment.CORE checked
+
+  return args, configuration.overrides(rest)
 
 
 def _rerun(args, overrides, workdir=None) -> list[str]:

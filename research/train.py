@@ -58,15 +58,8 @@ def setup(config: ml_collections.ConfigDict) -> Training:
   """Checks `config`, opens its data and builds the initial state and the step; writes nothing."""
   checked = validate.train_config(config, jax.device_count())  # before any data is loaded
   model = models.create(config.model, AXIS)
-  init_key, shuffle_key, step_key = jax.random.split(jax.random.key(config.seed), 3)
-  inputs = inputs_lib.make(
-    config,
-    per_device_batch=checked.per_device_batch,
-    augment=checked.augment,
-    preprocess=checked.eval_preprocess,
-    shuffle_key=shuffle_key,
-    step_key=step_key,
-  )
+  init_key = inputs_lib.run_keys(config.seed)[0]
+  inputs = inputs_lib.for_run(config, checked)
   num_steps = config.num_train_steps
   if num_steps <= 0:
     num_steps = config.num_epochs * inputs.steps_per_epoch

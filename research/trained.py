@@ -149,15 +149,7 @@ def evaluate(workdir, step: int | None = None, overrides=()) -> dict:
   step, state = checkpoint.read(workdir, step)  # before any data is loaded
   if config.dataset == "folder":  # its class directories, before its images are decoded
     _check_classes(config.data_dir, folder.scan(config.data_dir).classes, classes)
-  _, shuffle_key, step_key = jax.random.split(jax.random.key(config.seed), 3)
-  inputs = inputs_lib.make(
-    config,
-    per_device_batch=checked.per_device_batch,
-    augment=checked.augment,
-    preprocess=checked.eval_preprocess,
-    shuffle_key=shuffle_key,
-    step_key=step_key,
-  )
+  inputs = inputs_lib.for_run(config, checked)
   _check_classes(config.data_dir or config.dataset, inputs.classes, classes)
   model = models.create(config.model, AXIS)
   weights = Weights(state["params"], state.get("batch_stats", {}), model.apply)
@@ -340,13 +332,7 @@ def parse_args(argv: list[str]):
   parser.add_argument("--step", type=int, default=None, help="default: the newest checkpoint")
   args, rest = parser.parse_known_args(argv[1:])
   args.command = command
-  overrides = []
-  for item in rest:
-    field, sep, value = item.removeprefix("--config.").partition("=")
-    if not item.startswith("--config.") or not sep:
-      raise UserError(f"unknown argument {item!r}; expected --config.FIELD=VALUE")
-    overrides.append((field, value))
-  return args, overrides
+  return args, configuration.overrides(rest)
 
 
 def main(argv: list[str]) -> int:
