@@ -237,7 +237,7 @@ def train_and_evaluate(
   workdir, is_main = Path(workdir), jax.process_index() == 0
   warm = config.init_from and not (workdir / "checkpoints").is_dir()  # never read on a resume
   if warm:
-    trained.warm_start_source(config)  # before any data is loaded: it holds a checkpoint
+    trained.check_warm_start(config)  # before any data is loaded
   training = setup(config)
   if warm:  # before anything is written: a source that fits nothing is an error
     training.state, warm = trained.warm_start(training.state, config)

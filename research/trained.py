@@ -268,6 +268,32 @@ def warm_start_source(config) -> tuple[Path, int | None]:
   return source, step
 
 
+def check_warm_start(config) -> None:
+  """A user error, before any data is loaded, unless `config.init_from` names a checkpoint
+  that shares a parameter (path and shape) with the model `config` builds."""
+  source, step = warm_start_source(config)
+  _, saved = checkpoint.read(source, step)
+  augment = augment_lib.build(config.augment, config.seed)
+  size = {"cifar10": 32, "synthetic": config.synthetic_image_size}.get(
+    config.dataset, config.host_image_size
+  )  # the stored examples' side: what the model's input is made from
+  example = jax.ShapeDtypeStruct((1, size, size, 3), jnp.uint8)
+  images = jax.eval_shape(augment, jax.random.key(0), example)
+  model = models.create(config.model, None)
+  shapes = jax.eval_shape(lambda x: model.init(jax.random.key(0), x, train=False), images)
+  mine = traverse_util.flatten_dict(flax.core.unfreeze(shapes["params"]), sep="/")
+  theirs = traverse_util.flatten_dict(saved["params"], sep="/")
+  if not any(p in theirs and np.shape(theirs[p]) == leaf.shape for p, leaf in mine.items()):
+    raise _fits_nothing(config)
+
+
+def _fits_nothing(config) -> UserError:
+  return UserError(
+    f"init_from={config.init_from!r}: none of its parameters matches this model's by name "
+    "and shape (another architecture?); start from a run of the same model"
+  )
+
+
 def warm_start(state, config) -> tuple[object, dict]:
   """`state` with the params and BatchNorm statistics of `config.init_from` wherever a path
   and shape match (the optimizer state and step stay fresh), and a record of what was
@@ -286,11 +312,8 @@ def warm_start(state, config) -> tuple[object, dict]:
       (taken if same else fresh).append(f"{collection}/{path}")
       out[path] = np.asarray(other, np.asarray(value).dtype) if same else value
     merged[collection] = traverse_util.unflatten_dict(out, sep="/")
-  if not any(p.startswith("params/") for p in taken):
-    raise UserError(
-      f"init_from={config.init_from!r}: none of its parameters matches this model's by name "
-      "and shape (another architecture?); start from a run of the same model"
-    )
+  if not any(p.startswith("params/") for p in taken):  # the same paths, other shapes
+    raise _fits_nothing(config)
   record = {"source": str(source), "step": step, "taken": len(taken), "fresh": fresh}
   return state.replace(**merged), record
 

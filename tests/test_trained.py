@@ -179,6 +179,8 @@ def test_a_fine_tune_starts_from_the_run_s_weights_with_a_new_head_and_a_frozen_
 def test_init_from_a_missing_path_or_another_architecture_is_a_user_error(run, tmp_path):
   workdir, _ = run
   config = configuration.load("configs/cifar_vgg.py:smoke")
+  # No data there: each error below comes before any data is looked for.
+  config.update(dataset="folder", data_dir=str(tmp_path / "no-data"))
   config.init_from = str(tmp_path / "absent")
   with pytest.raises(UserError, match="neither a run's workdir nor one of its checkpoints"):
     train_and_evaluate(config, str(tmp_path / "a"))
