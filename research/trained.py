@@ -40,6 +40,7 @@ from flax import traverse_util
 from research import augment as augment_lib
 from research import checkpoint, configuration, environment, models, steps, validate
 from research import inputs as inputs_lib
+from research import workdir as workdir_lib
 from research.data import folder
 from research.errors import EXIT_USER_ERROR, UserError
 from research.metrics import eval_record, format_eval_line
@@ -92,11 +93,11 @@ class Trained:
 
 
 def run_config(workdir: Path) -> ml_collections.ConfigDict:
-  """The config a training run in `workdir` resolved (its config.json)."""
-  path = Path(workdir) / "config.json"
-  if not path.is_file():
+  """The config the run in `workdir` last trained with (launches.jsonl, or config.json)."""
+  saved = workdir_lib.last_config(workdir)
+  if saved is None:
     raise UserError(f"{workdir} holds no config.json: it is not a run's workdir")
-  config = ml_collections.ConfigDict(json.loads(path.read_text()))
+  config = ml_collections.ConfigDict(saved)
   if config.get("experiment") == "train":  # fields added since the run take their defaults
     from configs.common import training_defaults
 

@@ -117,6 +117,12 @@ def _trained(records: list[dict]) -> list[dict]:
   return [r for r in records if steps(r)[0] < steps(r)[1]] or records
 
 
+def last_config(workdir: Path) -> dict | None:
+  """The config of the last launch into `workdir` that trained (its checkpoints' config)."""
+  records = _trained(launches(workdir))
+  return records[-1]["config"] if records else None
+
+
 def check_resumable(workdir: Path, config: ml_collections.ConfigDict, allow_change: bool) -> None:
   """Refuses to resume into a workdir that holds a different experiment."""
   records = _trained(launches(workdir))
