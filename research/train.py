@@ -160,22 +160,8 @@ def _write_metadata(workdir: Path, config, training: Training) -> None:
     "passed_over_files": len(training.inputs.passed_over),  # image folders: non-images
     "packages": dict(sorted(packages.items())),  # installed versions
   }
-  with open(workdir / "metadata.jsonl", "a") as f:  # one record per launch (resumes append)
+  with open(workdir / workdir_lib.METADATA, "a") as f:  # one record per launch (resumes append)
     f.write(json.dumps(meta) + "\n")
-
-
-def _last_device_count(workdir: Path) -> int | None:
-  """The device count of the last launch that `workdir`'s metadata.jsonl records, if any."""
-  path = workdir / "metadata.jsonl"
-  lines = path.read_text().splitlines() if path.exists() else []
-  for line in reversed(lines):
-    try:
-      count = json.loads(line).get("device_count")
-    except json.JSONDecodeError:  # a line cut short by a kill: an older one may tell
-      continue
-    if count:
-      return count
-  return None
 
 
 def _describe(config, training: Training, state, echo) -> None:
@@ -235,12 +221,10 @@ def train_and_evaluate(
   Ctrl-C. A resume on other data than `workdir` recorded is an error unless `allow_data_change`.
   """
   workdir, is_main = Path(workdir), jax.process_index() == 0
-  warm = config.init_from and not (workdir / "checkpoints").is_dir()  # never read on a resume
-  if warm:
-    trained.check_warm_start(config)  # before any data is loaded
+  fresh = config.init_from and not (workdir / "checkpoints").is_dir()  # a resume never reads it
+  source = trained.check_warm_start(config) if fresh else None  # before any data is loaded
   training = setup(config)
-  if warm:  # before anything is written: a source that fits nothing is an error
-    training.state, warm = trained.warm_start(training.state, config)
+  training.state, warm = trained.warm_start(training.state, source)  # None: from scratch
   inputs, num_steps = training.inputs, training.num_steps
   if inputs.fallback_reason and is_main:
     print(
@@ -342,7 +326,7 @@ def _announce(workdir: Path, config, training: Training, state, echo, warm) -> N
   """Process 0's records and lines before the first step: metadata, the run, its data, what
   it took from `init_from` (`warm`)."""
   start_step = int(state.step)
-  before = _last_device_count(workdir) if start_step else None
+  before = workdir_lib.last_recorded(workdir, "device_count") if start_step else None
   _write_metadata(workdir, config, training)
   _describe(config, training, state, echo)
   if training.inputs.summary:
@@ -431,7 +415,7 @@ def _note_skipped(workdir: Path, inputs: Inputs, skipped_at_start: int, echo) ->
   if skipped == skipped_at_start or echo is None:
     return
   echo(f"skipped {skipped:,} undecodable files (skip_bad_images){_list_left_out(workdir, inputs)}")
-  with open(workdir / "metadata.jsonl", "a") as f:
+  with open(workdir / workdir_lib.METADATA, "a") as f:
     f.write(json.dumps({"time": time.time(), "skipped_images": skipped}) + "\n")
 
 

@@ -22,12 +22,13 @@ A file that does not decode is named and skipped.
 import argparse
 import csv
 import dataclasses
+import functools
 import json
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax
 import flax.linen as nn
@@ -75,7 +76,11 @@ class Trained:
     trained on, through its eval preprocessing (every view); `sizes` [N, 2]: the valid part
     of padded images, for a run on streamed data."""
     images_u8 = jnp.asarray(images_u8, jnp.uint8)
-    return np.asarray(jax.jit(self.probabilities)(self.variables, images_u8, sizes))
+    return np.asarray(self._jitted_probabilities(self.variables, images_u8, sizes))
+
+  @functools.cached_property
+  def _jitted_probabilities(self) -> Callable:  # one jit: a second call of a shape reuses it
+    return jax.jit(self.probabilities)
 
   def probabilities(self, variables, images_u8, sizes=None):
     """`predict` as a function of the variables, to jit or pmap."""
@@ -84,12 +89,12 @@ class Trained:
     logits, _ = steps.eval_logits(weights, images_u8, sizes, preprocess=preprocess)
     return jax.nn.softmax(logits)
 
-  @property
-  def image_size(self) -> int:
-    """The side of the square images the run trained on."""
-    if self.config.dataset == "synthetic":
-      return self.config.synthetic_image_size
-    return 32 if self.config.dataset == "cifar10" else self.config.host_image_size
+
+def stored_size(config) -> int:
+  """The side of the square uint8 examples a run of `config` stores: what its augmentation
+  and eval preprocessing start from."""
+  sizes = {"cifar10": 32, "synthetic": config.synthetic_image_size}
+  return sizes.get(config.dataset, config.host_image_size)
 
 
 def run_config(workdir: Path) -> ml_collections.ConfigDict:
@@ -113,15 +118,8 @@ def run_config(workdir: Path) -> ml_collections.ConfigDict:
 
 def run_classes(workdir: Path, config) -> tuple[str, ...]:
   """The class names the run's last launch recorded (numbers for runs before they were)."""
-  path = Path(workdir) / "metadata.jsonl"
-  for line in reversed(path.read_text().splitlines() if path.exists() else []):
-    try:
-      classes = json.loads(line).get("classes")
-    except json.JSONDecodeError:  # a line cut short by a kill
-      continue
-    if classes:
-      return tuple(classes)
-  return tuple(str(label) for label in range(config.model.num_classes))
+  classes = workdir_lib.last_recorded(workdir, "classes")
+  return tuple(classes or (str(label) for label in range(config.model.num_classes)))
 
 
 def load(workdir, step: int | None = None) -> Trained:
@@ -146,12 +144,12 @@ def evaluate(workdir, step: int | None = None, overrides=()) -> dict:
       )
     configuration.override(config, field, value)
   checked = validate.train_config(config, jax.device_count())
-  classes = run_classes(workdir, config)
   step, state = checkpoint.read(workdir, step)  # before any data is loaded
-  if config.dataset == "folder":  # its class directories, before its images are decoded
-    _check_classes(config.data_dir, folder.scan(config.data_dir).classes, classes)
-  inputs = inputs_lib.for_run(config, checked)
-  _check_classes(config.data_dir or config.dataset, inputs.classes, classes)
+  recorded = workdir_lib.last_recorded(workdir, "classes")  # runs before it: not recorded
+  train = Path(config.data_dir) / "train"
+  if config.dataset == "folder" and recorded and train.is_dir():  # listed, not yet decoded
+    _check_classes(config.data_dir, folder.class_dirs(train), recorded)
+  inputs = inputs_lib.for_run(config, checked)  # other datasets' classes follow from config
   model = models.create(config.model, AXIS)
   weights = Weights(state["params"], state.get("batch_stats", {}), model.apply)
   start = time.perf_counter()
@@ -173,7 +171,7 @@ def predict(workdir, paths, top_k: int = 1, output=None, step: int | None = None
     raise UserError(f"--top_k={top_k}: choose 1 to {len(model.classes)} (the run's classes)")
   files = _image_files(paths)
   streamed = augment_lib.build(model.config.eval_preprocess).windowed
-  size = model.image_size
+  size = stored_size(model.config)
   decoded = []
   for path in files:
     try:
@@ -269,15 +267,22 @@ def warm_start_source(config) -> tuple[Path, int | None]:
   return source, step
 
 
-def check_warm_start(config) -> None:
-  """A user error, before any data is loaded, unless `config.init_from` names a checkpoint
-  that shares a parameter (path and shape) with the model `config` builds."""
-  source, step = warm_start_source(config)
-  _, saved = checkpoint.read(source, step)
+class Source(NamedTuple):
+  """The checkpoint a fine-tune starts from (`check_warm_start`)."""
+
+  name: str  # config.init_from, as given
+  workdir: Path
+  step: int
+  state: dict  # the saved train state, host arrays
+
+
+def check_warm_start(config) -> Source:
+  """The checkpoint `config.init_from` names, read before any data is loaded; a user error
+  unless it shares a parameter (path and shape) with the model `config` builds."""
+  workdir, step = warm_start_source(config)
+  step, saved = checkpoint.read(workdir, step)
   augment = augment_lib.build(config.augment, config.seed)
-  size = {"cifar10": 32, "synthetic": config.synthetic_image_size}.get(
-    config.dataset, config.host_image_size
-  )  # the stored examples' side: what the model's input is made from
+  size = stored_size(config)  # the model's input is made from stored examples of this side
   example = jax.ShapeDtypeStruct((1, size, size, 3), jnp.uint8)
   images = jax.eval_shape(augment, jax.random.key(0), example)
   model = models.create(config.model, None)
@@ -285,22 +290,24 @@ def check_warm_start(config) -> None:
   mine = traverse_util.flatten_dict(flax.core.unfreeze(shapes["params"]), sep="/")
   theirs = traverse_util.flatten_dict(saved["params"], sep="/")
   if not any(p in theirs and np.shape(theirs[p]) == leaf.shape for p, leaf in mine.items()):
-    raise _fits_nothing(config)
+    raise _fits_nothing(config.init_from)
+  return Source(config.init_from, workdir, step, saved)
 
 
-def _fits_nothing(config) -> UserError:
+def _fits_nothing(name: str) -> UserError:
   return UserError(
-    f"init_from={config.init_from!r}: none of its parameters matches this model's by name "
-    "and shape (another architecture?); start from a run of the same model"
+    f"init_from={name!r}: none of its parameters matches this model's by name and shape "
+    "(another architecture?); start from a run of the same model"
   )
 
 
-def warm_start(state, config) -> tuple[object, dict]:
-  """`state` with the params and BatchNorm statistics of `config.init_from` wherever a path
-  and shape match (the optimizer state and step stay fresh), and a record of what was
-  taken and what was initialised afresh."""
-  source, step = warm_start_source(config)
-  step, saved = checkpoint.read(source, step)
+def warm_start(state, source: Source | None) -> tuple[object, dict | None]:
+  """`state` with the params and BatchNorm statistics of `source` wherever a path and shape
+  match (the optimizer state and step stay fresh), and a record of what was taken and what
+  was initialised afresh; without a source, `state` as it is and None."""
+  if source is None:
+    return state, None
+  saved = source.state
   taken, fresh = [], []
   merged = {}
   for collection in ("params", "batch_stats"):
@@ -313,9 +320,9 @@ def warm_start(state, config) -> tuple[object, dict]:
       (taken if same else fresh).append(f"{collection}/{path}")
       out[path] = np.asarray(other, np.asarray(value).dtype) if same else value
     merged[collection] = traverse_util.unflatten_dict(out, sep="/")
-  if not any(p.startswith("params/") for p in taken):  # the same paths, other shapes
-    raise _fits_nothing(config)
-  record = {"source": str(source), "step": step, "taken": len(taken), "fresh": fresh}
+  if not any(p.startswith("params/") for p in taken):  # shapes other than those traced
+    raise _fits_nothing(source.name)
+  record = {"source": str(source.workdir), "step": source.step, "taken": len(taken), "fresh": fresh}
   return state.replace(**merged), record
 
 

@@ -20,6 +20,7 @@ from research.errors import UserError
 
 DATA_FILE = "data.json"  # the data a training run's first launch used
 LAUNCHES = "launches.jsonl"  # one record per launch: {"config", "data", "steps", "time"}
+METADATA = "metadata.jsonl"  # one record per launch: devices, versions, dataset, classes
 
 # Fields that may change when a run in an existing workdir is resumed or extended.
 RESUMABLE_FIELDS = {
@@ -90,18 +91,28 @@ def write_errors_are_user_errors(workdir: Path):
     raise
 
 
+def records(path: Path) -> list[dict]:
+  """The records of a JSON-lines file of a workdir, first to last ([] if there is none)."""
+  found = []
+  for line in path.read_text().splitlines() if path.exists() else []:
+    try:
+      found.append(json.loads(line))
+    except json.JSONDecodeError:  # a line cut short by a kill
+      continue
+  return found
+
+
+def last_recorded(workdir: Path, field: str):
+  """`field` of the last launch whose metadata.jsonl record has it (truthy), or None."""
+  return next((r[field] for r in reversed(records(Path(workdir) / METADATA)) if r.get(field)), None)
+
+
 def launches(workdir: Path) -> list[dict]:
   """The launches into `workdir` on record, first to last (a workdir of an older version: its
   config.json and data.json as one launch)."""
-  path = Path(workdir) / LAUNCHES
-  records = []
-  for line in path.read_text().splitlines() if path.exists() else []:
-    try:
-      records.append(json.loads(line))
-    except json.JSONDecodeError:  # a line cut short by a kill
-      continue
-  if records or not (Path(workdir) / "config.json").exists():
-    return records
+  found = records(Path(workdir) / LAUNCHES)
+  if found or not (Path(workdir) / "config.json").exists():
+    return found
   data = Path(workdir) / DATA_FILE
   return [
     {
@@ -111,10 +122,10 @@ def launches(workdir: Path) -> list[dict]:
   ]
 
 
-def _trained(records: list[dict]) -> list[dict]:
+def _trained(launched: list[dict]) -> list[dict]:
   """The launches that trained steps (a rerun of a finished run, an eval, trains none)."""
   steps = lambda r: r.get("steps") or [0, 1]  # older records: assume it trained
-  return [r for r in records if steps(r)[0] < steps(r)[1]] or records
+  return [r for r in launched if steps(r)[0] < steps(r)[1]] or launched
 
 
 def last_config(workdir: Path) -> dict | None:
@@ -125,10 +136,10 @@ def last_config(workdir: Path) -> dict | None:
 
 def check_resumable(workdir: Path, config: ml_collections.ConfigDict, allow_change: bool) -> None:
   """Refuses to resume into a workdir that holds a different experiment."""
-  records = _trained(launches(workdir))
-  if not records:
+  saved = last_config(workdir)
+  if saved is None:
     return
-  saved, current = records[-1]["config"], json.loads(config.to_json())
+  current = json.loads(config.to_json())
   if saved.get("experiment", current["experiment"]) != current["experiment"]:  # even allowed
     raise UserError(
       f"{workdir} holds a {saved['experiment']!r} experiment, not {current['experiment']!r}; "
@@ -155,9 +166,10 @@ def _describe(data: dict) -> str:
   return f"{data['dataset']}{fallback} (content {data['content']})"
 
 
-def _history(records: list[dict]) -> str:
+def _history(launched: list[dict]) -> str:
   """Which launches that trained used which data: "folder (content 1a2b…) in launches 1, 3"."""
-  numbered = [(n, r) for n, r in enumerate(records, 1) if r.get("data") and r in _trained(records)]
+  trained = {id(r) for r in _trained(launched)}
+  numbered = [(n, r) for n, r in enumerate(launched, 1) if r.get("data") and id(r) in trained]
   runs = []  # [data, [launch numbers]]
   for number, record in numbered:
     if runs and runs[-1][0] == record["data"]:
@@ -175,13 +187,13 @@ def check_data(workdir: Path, data: dict, allow_change: bool) -> None:
   """Refuses to resume a run on other data than its last training launch used (dataset,
   fallback, content). `data` is {"dataset", "synthetic_fallback", "content"}; where the data
   lives may change."""
-  records = launches(workdir)
-  if not any(r.get("data") for r in records) or allow_change:
+  launched = launches(workdir)
+  if not any(r.get("data") for r in launched) or allow_change:
     return
-  saved = [r for r in _trained(records) if r.get("data")][-1]["data"]
+  saved = [r for r in _trained(launched) if r.get("data")][-1]["data"]
   if changed := sorted(k for k in data if saved.get(k) != data[k]):
     raise UserError(
-      f"{workdir} was trained on {_history(records)}, but this run would use "
+      f"{workdir} was trained on {_history(launched)}, but this run would use "
       f"{_describe(data)} ({_differ(changed)}); supply the same data, use a new --workdir, or "
       "pass --allow_config_change to go on with this data (to evaluate on other data: "
       "./launch.sh eval WORKDIR --config.data_dir=DIR)"

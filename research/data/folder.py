@@ -53,7 +53,8 @@ class Folder:
   passed_over: list[str]  # hidden files and folders and non-images, relative to root
 
 
-def _class_dirs(split_dir: Path) -> list[str]:
+def class_dirs(split_dir: Path) -> list[str]:
+  """The class directories of a split, sorted: label = index here (hidden ones passed over)."""
   return sorted(d.name for d in split_dir.iterdir() if d.is_dir() and not d.name.startswith("."))
 
 
@@ -127,13 +128,13 @@ def scan(data_dir: str, skip_bad: bool = False) -> Folder:
     else:
       what = "has no train/ directory"
     raise UserError(f"data_dir={data_dir} {what}; an image folder is {layout}")
-  classes = _class_dirs(root / "train")
+  classes = class_dirs(root / "train")
   if not classes:
     raise UserError(f"{root / 'train'} has no class directories; an image folder is {layout}")
   eval_name = next((s for s in EVAL_SPLITS if (root / s).is_dir()), None)
   if eval_name is None:
     raise UserError(f"data_dir={data_dir} has no val/, validation/ or test/ directory ({layout})")
-  missing = sorted(set(_class_dirs(root / eval_name)) - set(classes))
+  missing = sorted(set(class_dirs(root / eval_name)) - set(classes))
   if missing:
     raise UserError(
       f"{root / eval_name} has classes that train/ lacks: {', '.join(missing[:5])}"
