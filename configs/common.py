@@ -21,6 +21,10 @@ def training_defaults() -> ml_collections.ConfigDict:
   # Image folders (dataset="folder", research/data/folder.py) and streamed datasets.
   c.data_placement = "auto"  # folder: "resident" (on the devices), "streamed", or "auto":
   c.resident_max_gb = 4.0  # ... resident when the decoded train split is at most this size
+  # Resident data: every device holds the whole training split when it is at most this size,
+  # and every step's global batch is then the same on any device count; a larger split is
+  # sharded over the devices, and its batches depend on the device count (docs/long_runs.md).
+  c.replicate_max_gb = 2.0
   c.skip_bad_images = False  # True: skip undecodable files (counted in metadata.jsonl)
   # Image folders' pixels per side: resident, every image is brought to this square (shorter
   # side resized, center cropped; one of this size is kept as it is); streamed, its longer

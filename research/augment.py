@@ -27,7 +27,8 @@ Batch ops (`@register(name, batch=True)`: `mixup`, `cutmix`) mix examples and th
 they return `op(keys [B], images [B, H, W, C], targets [B, K]) -> (images, targets)`, with
 `targets` the class probabilities (one-hot before any mixing) and `keys` each example's key.
 They come last in a training pipeline and see one device's examples; each example is mixed
-with its neighbour in the batch (positions 2i and 2i + 1; the batch is in random order), its
+with its neighbour in the batch (positions 2i and 2i + 1; the batch is in random order, and a
+training step's per-device batch is even, so the pairs are those of the global batch), its
 weight drawn from its own key, and its target mixed with exactly the weights of its pixels.
 """
 
@@ -558,13 +559,16 @@ def identity_key(seed: int) -> jax.Array:
 
 def build(spec: str, seed: int = 0) -> Callable[..., jax.Array]:
   """Returns `augment(rng, images_u8 [B, S, S, C], sizes=None, *, epoch=0, ids=None,
-  targets=None)`: float32 [B, H, W, C], or [V, B, H, W, C] for a pipeline that ends in a
-  views op; with `targets` (class probabilities [B, K]), `(images, targets)`.
+  positions=None, targets=None)`: float32 [B, H, W, C], or [V, B, H, W, C] for a pipeline
+  that ends in a views op; with `targets` (class probabilities [B, K]), `(images, targets)`.
 
   `sizes` (int [B, 2]) is each image's valid (height, width) at the top-left of its padded
   array; None means every image is whole. Only a pipeline that starts with a window op
   accepts sizes, since any other op would see the padding. `ids` (int [B]) identify the
   examples for context ops (None: their positions in the batch); `epoch` is the epoch.
+  `positions` (int [B]) are the examples' places in the step's global batch (None: 0, 1, …):
+  each example's random draws come from `rng` folded with its position, so a batch split
+  over devices draws what the whole batch draws.
   Batch ops mix `targets` as they mix the images (without targets, the images alone).
   The function's `weights` are its views' weights (None without views), `values` its value
   ops as text (two pipelines with equal texts map pixel values alike), `mixes` whether it
@@ -589,7 +593,7 @@ def build(spec: str, seed: int = 0) -> Callable[..., jax.Array]:
     return views.op.fn(image) if views and all_views else image
 
   def pipeline(all_views):
-    def augment(rng, images_u8, sizes=None, *, epoch=0, ids=None, targets=None):
+    def augment(rng, images_u8, sizes=None, *, epoch=0, ids=None, positions=None, targets=None):
       if sizes is not None and not windowed:
         raise UserError(
           f"augmentation {spec!r} gets padded images but does not start with a window op "
@@ -603,7 +607,8 @@ def build(spec: str, seed: int = 0) -> Callable[..., jax.Array]:
       ids = jnp.arange(n) if ids is None else ids
       keys = jax.vmap(jax.random.fold_in, (None, 0))(base_key, ids)
       contexts = Context(jnp.broadcast_to(jnp.asarray(epoch, jnp.int32), (n,)), keys)
-      example_keys = jax.random.split(rng, n)
+      positions = jnp.arange(n) if positions is None else positions
+      example_keys = jax.vmap(jax.random.fold_in, (None, 0))(rng, positions)
       out = jax.vmap(functools.partial(one, all_views=all_views))(
         example_keys, images, valid, contexts
       )

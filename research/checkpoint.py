@@ -1,9 +1,10 @@
 """Checkpoints of the UNREPLICATED train state with orbax, written in the background.
 
 What a resume restores exactly: the parameters, BatchNorm statistics, optimizer state and
-step. Data order and augmentation are functions of (seed, step, device count), so a resume
-on the same number of devices continues bit for bit; on another count the restored state is
-the same but the batches drawn from then on differ (README, "Long runs").
+step, none of which depends on the device count. Data order and every random draw are
+functions of (seed, step, position in the global batch), so a resume continues the run on
+any device count: bit for bit on the same count, to float summation order on another; only
+sharded resident data draws batches per device (docs/long_runs.md).
 """
 
 import errno

@@ -33,7 +33,14 @@ from research.data import (
 )
 from research.data.load import load_in_memory
 from research.errors import UserError
-from research.placement import first_replica, pad_for_eval, replicate, to_devices, upload_shards
+from research.placement import (
+  first_replica,
+  pad_for_eval,
+  replicate,
+  to_devices,
+  upload_shards,
+  upload_whole,
+)
 from research.steps import AXIS
 
 
@@ -59,6 +66,8 @@ class Inputs:
   passed_over: tuple = ()  # image folders: hidden files and non-images, relative paths
   summary: str = ""  # image folders: what was found and left out, in one line
   classes: tuple = ()  # the class names, in label order
+  layout: str = ""  # how the training data reaches the devices, and what that means for its order
+  order_per_device: bool = False  # True: the training batches depend on the device count
 
 
 def make(config, *, per_device_batch, augment, preprocess, shuffle_key, step_key) -> Inputs:
@@ -129,35 +138,63 @@ def check_shard(config, n_examples: int, n_devices: int, per_device_batch: int) 
   return shard_size
 
 
+def global_batches(config, n_examples: int) -> int:
+  """Global batches per epoch; a user error if the split does not fill one."""
+  if n_examples < config.batch_size:
+    raise UserError(
+      f"batch_size={config.batch_size} is more than the {n_examples} training examples; "
+      "lower batch_size"
+    )
+  return n_examples // config.batch_size
+
+
 # --- resident: the whole split on the devices -------------------------------------------------
 
 
 def shard_rows(seed: int, n_examples: int) -> np.ndarray:
-  """The training split's order as the devices' shards take it: a permutation fixed by the
-  seed, so each shard is a random part of the split (an image folder lists its classes one
-  after another, and consecutive slices would give each device one or two classes)."""
+  """The training split in a random order fixed by the seed: how sharded data is split over
+  the devices (an image folder lists its classes one after another, and consecutive slices
+  would give each device one or two classes), and the sample `first_images` takes."""
   return np.random.default_rng(seed).permutation(n_examples)
 
 
-def epoch_orders(epoch, *, shuffle_key, shard_size: int, devices):
-  """Epoch `epoch`'s order of each shard of `devices` (indices among all devices):
-  [len(devices), shard_size], a permutation of its own per device and epoch, so the examples
-  that share a step change from one epoch to the next."""
+def global_order(epoch, *, shuffle_key, n_examples: int, batch_size: int):
+  """Epoch `epoch`'s global batches: [steps_per_epoch, batch_size] example indices, a function
+  of the seed and the epoch alone (the last n_examples % batch_size of its order wait for
+  another epoch)."""
+  steps_per_epoch = n_examples // batch_size
+  order = jax.random.permutation(jax.random.fold_in(shuffle_key, epoch), n_examples)
+  return order[: steps_per_epoch * batch_size].reshape(steps_per_epoch, batch_size)
+
+
+def device_orders(order, *, devices, n_devices: int):
+  """Each of `devices`' (indices among all devices) part of every step's global batch: device
+  d of n_devices takes positions [d·b, (d+1)·b), b = batch_size / n_devices.
+  order [steps, batch_size] -> [len(devices), steps * b]."""
+  steps_per_epoch, batch_size = order.shape
+  parts = order.reshape(steps_per_epoch, n_devices, batch_size // n_devices)[:, devices]
+  return jnp.moveaxis(parts, 1, 0).reshape(len(devices), -1)
+
+
+def shard_orders(epoch, *, shuffle_key, shard_size: int, per_device_batch: int, devices):
+  """Sharded data's order: each of `devices` orders its own shard per epoch, so the examples
+  that meet in a step depend on the device count. [len(devices), steps * per_device_batch]"""
   key = jax.random.fold_in(shuffle_key, epoch)
-  permutation = lambda d: jax.random.permutation(jax.random.fold_in(key, d), shard_size)
+  used = shard_size // per_device_batch * per_device_batch
+  permutation = lambda d: jax.random.permutation(jax.random.fold_in(key, d), shard_size)[:used]
   return jax.vmap(permutation)(devices)
 
 
-def resident_gather(step, batch, *, step_key, per_device_batch: int):
-  """Step `step`'s examples, gathered on this device from its resident shard (never leaving it).
+def resident_gather(step, batch, *, step_key, per_device_batch: int, sharded: bool):
+  """Step `step`'s examples, gathered on this device from the resident data (never leaving it).
 
-  batch: ((images_u8 [shard_size, H, W, C], labels [shard_size]), this device's row of the
-  epoch's `epoch_orders`). Each example's id is its index in the split as `shard_rows` orders
-  it: the same example has the same id in every epoch.
+  batch: ((images_u8 [rows, H, W, C], labels [rows]), this device's order of the epoch
+  [steps_per_epoch * per_device_batch] of row indices). The rows are the whole split, or with
+  `sharded` this device's shard of `shard_rows`. Each example's id is its index in the split
+  (sharded: in `shard_rows`' order): the same example has the same id in every epoch.
   """
   (images_u8, labels), order = batch
-  shard_size = order.shape[0]
-  steps_per_epoch = shard_size // per_device_batch
+  steps_per_epoch = order.shape[0] // per_device_batch
   start = step % steps_per_epoch * per_device_batch
   idx = lax.dynamic_slice_in_dim(order, start, per_device_batch)
   return steps.Examples(
@@ -165,7 +202,7 @@ def resident_gather(step, batch, *, step_key, per_device_batch: int):
     labels[idx],
     jax.random.fold_in(step_key, step),
     epoch=step // steps_per_epoch,
-    ids=lax.axis_index(AXIS) * shard_size + idx,  # shard d holds rows d * shard_size, ...
+    ids=lax.axis_index(AXIS) * labels.shape[0] + idx if sharded else idx,
   )
 
 
@@ -186,29 +223,52 @@ def resident_eval(state, shard, *, preprocess, per_device_batch: int):
 def resident(
   config, data: ImageDataset, per_device_batch: int, preprocess, shuffle_key, step_key
 ) -> Inputs:
-  """Uploads `data` once, sharded over all devices; every step gathers its batch on device."""
+  """Uploads `data` once: the training split whole on every device where it is at most
+  replicate_max_gb (every step's global batch then depends on the seed alone), else sharded
+  over the devices; every step gathers its batch on device."""
   n_devices, n_local = jax.device_count(), jax.local_device_count()
-  shard_size = check_shard(config, len(data.train_labels), n_devices, per_device_batch)
-  rows = shard_rows(config.seed, len(data.train_labels))
-  train_shard = upload_shards((data.train_images, data.train_labels), shard_size, rows)
-  steps_per_epoch = shard_size // per_device_batch
+  n_examples = len(data.train_labels)
+  train = (data.train_images, data.train_labels)
   local_devices = jax.process_index() * n_local + np.arange(n_local)
-  order_of = jax.jit(
-    functools.partial(
-      epoch_orders, shuffle_key=shuffle_key, shard_size=shard_size, devices=local_devices
+  rows = shard_rows(config.seed, n_examples)
+  sharded = sum(a.nbytes for a in train) > config.replicate_max_gb * 2**30
+  if sharded:
+    shard_size = check_shard(config, n_examples, n_devices, per_device_batch)
+    train_rows = upload_shards(train, shard_size, rows)
+    steps_per_epoch = shard_size // per_device_batch
+    order_of = functools.partial(
+      shard_orders,
+      shuffle_key=shuffle_key,
+      shard_size=shard_size,
+      per_device_batch=per_device_batch,
+      devices=local_devices,
     )
-  )
+    layout = (
+      f"training split sharded over the {n_devices} devices (over replicate_max_gb="
+      f"{config.replicate_max_gb}): its batches depend on the device count"
+    )
+  else:
+    steps_per_epoch = global_batches(config, n_examples)
+    train_rows = upload_whole(train)
+    in_order = functools.partial(
+      global_order, shuffle_key=shuffle_key, n_examples=n_examples, batch_size=config.batch_size
+    )
+    order_of = lambda epoch: device_orders(
+      in_order(epoch), devices=local_devices, n_devices=n_devices
+    )
+    layout = "training split whole on every device: the same batches on any device count"
+  order_of = jax.jit(order_of)
 
   def batches(start_step):
-    """(the shard, its epoch's order) for steps start_step, start_step + 1, ...: the same
-    arrays within an epoch. The next epoch's order is computed while this one trains, so
+    """(the training data, its epoch's order) for steps start_step, start_step + 1, ...: the
+    same arrays within an epoch. The next epoch's order is computed while this one trains, so
     fetching it at the epoch's start does not wait (nor count as input wait)."""
     next_order = order_of(start_step // steps_per_epoch)
     for step in itertools.count(start_step):
       if step == start_step or step % steps_per_epoch == 0:
-        order = to_devices(np.asarray(next_order))  # [local devices, shard_size] int32
+        order = to_devices(np.asarray(next_order))  # [local devices, steps * per device] int32
         next_order = order_of(step // steps_per_epoch + 1)  # dispatched, not awaited
-      yield train_shard, order
+      yield train_rows, order
 
   test = pad_for_eval(data.test_images, data.test_labels, config.eval_batch_size)
   test_shard = upload_shards(test, len(test[1]) // n_devices)
@@ -235,11 +295,15 @@ def resident(
     example_shape=data.train_images.shape[1:],
     steps_per_epoch=steps_per_epoch,
     batches=batches,
-    gather=functools.partial(resident_gather, step_key=step_key, per_device_batch=per_device_batch),
+    gather=functools.partial(
+      resident_gather, step_key=step_key, per_device_batch=per_device_batch, sharded=sharded
+    ),
     evaluate=lambda rstate, all_views=True: first_replica(p_evals[all_views](rstate, test_shard)),
     compile_evals=compile_evals,
     first_images=lambda n: data.train_images[rows[:n]],
     skipped_files=lambda: list(data.skipped_files),
+    layout=layout,
+    order_per_device=sharded,
   )
 
 
@@ -299,12 +363,12 @@ def streamed(config, per_device_batch: int, preprocess, step_key, scanned=None) 
   environment.check(environment.STREAMED)
   from research.data import streaming  # grain (and tfds): only streamed datasets need them
 
-  share = (jax.process_index(), jax.process_count())  # each process reads its own records
-  n_devices, n_local = jax.device_count(), jax.local_device_count()
+  share = (jax.process_index(), jax.process_count())  # each process reads its own part
+  n_local = jax.local_device_count()
   train_source, eval_source, description, content = streaming.sources(config, scanned)
   per_process = per_device_batch * n_local
-  shard_size = check_shard(config, len(train_source), n_devices, per_device_batch)
-  train_ds = streaming.process_share(train_source, share, seed=config.seed)
+  steps_per_epoch = global_batches(config, len(train_source))
+  train_ds = streaming.shuffled(train_source, config.seed)
   skipped = {}  # undecodable files passed over so far (skip_bad_images), each said once
 
   def note_skipped(split):
@@ -327,7 +391,7 @@ def streamed(config, per_device_batch: int, preprocess, step_key, scanned=None) 
   )
 
   def batches(start_step):
-    stream = streaming.batch_stream(train_ds, per_process, start_step, config.data_workers)
+    stream = streaming.batch_stream(train_ds, per_process, start_step, config.data_workers, share)
     return prefetch_to_devices(stream, config.prefetch, on_train)
 
   eval_per_process = config.eval_batch_size // share[1]
@@ -345,7 +409,6 @@ def streamed(config, per_device_batch: int, preprocess, step_key, scanned=None) 
     return first_replica(totals)
 
   size = config.host_image_size
-  steps_per_epoch = shard_size // per_device_batch
   return Inputs(
     name=config.dataset,
     source=description,
@@ -359,4 +422,5 @@ def streamed(config, per_device_batch: int, preprocess, step_key, scanned=None) 
     skipped_files=lambda: list(skipped),
     passed_over=tuple(scanned.passed_over) if scanned else (),
     summary=folder.summary(scanned, None) if scanned else "",
+    layout="streamed, every process reading its part of one global order",
   )

@@ -37,6 +37,22 @@ def upload_shards(arrays, per_device: int, rows=None):
   return on_devices
 
 
+def upload_whole(arrays):
+  """Puts the whole of each of `arrays` on every device: [devices, n, ...], one host-to-device
+  copy per local device from the same host array (no host copy per device)."""
+  mesh = jax.sharding.Mesh(np.array(jax.devices()), (AXIS,))
+  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(AXIS))
+
+  def whole(a):
+    one = np.ascontiguousarray(a)[None]  # [1, n, ...]: a view
+    copies = [jax.device_put(one, d) for d in jax.local_devices()]
+    return jax.make_array_from_single_device_arrays(
+      (jax.device_count(), *a.shape), sharding, copies
+    )
+
+  return tuple(whole(a) for a in arrays)
+
+
 def pad_for_eval(images, labels, global_batch: int):
   """Pads the test split to whole global batches; the mask marks the real examples."""
   n = len(labels)

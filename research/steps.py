@@ -34,9 +34,11 @@ class Examples(NamedTuple):
   ids: Any = None  # int32 [per_device_batch]: each example's identity (augment's Context)
 
 
-def device_rngs(rng):
-  """This device's (augment, dropout) keys: the step's key with the device index folded in."""
-  return jax.random.split(jax.random.fold_in(rng, lax.axis_index(AXIS)))
+def global_positions(per_device_batch: int):
+  """This device's examples' positions in the step's global batch: device d of N holds
+  positions [d·b, (d+1)·b). Every random draw for an example is keyed by its position (and the
+  step's key, the same on every device), so a step draws the same on any device count."""
+  return lax.axis_index(AXIS) * per_device_batch + jnp.arange(per_device_batch)
 
 
 CPU_MICRO_BATCH = 16  # examples per micro-batch on CPU when the config says 0 (auto)
@@ -60,9 +62,9 @@ def micro_batch_size(configured: int, per_device_batch: int, batch_norm: bool, b
 
 def dropout_per_example(index):
   """A context in which every `nn.Dropout` draws each example's mask from its key and the
-  example's `index` [batch] (its position in the device batch), so a step that splits its
-  batch into micro-batches drops exactly the units the whole batch would. A dropout that
-  shares one mask over the batch (`broadcast_dims` with 0) runs as flax has it."""
+  example's `index` [batch] (its position in the step's global batch), so a step drops the
+  same units on any device count, and split into micro-batches as the whole batch would. A
+  dropout that shares one mask over the batch (`broadcast_dims` with 0) runs as flax has it."""
 
   def interceptor(next_fun, args, kwargs, context):
     if not (isinstance(context.module, nn.Dropout) and context.method_name == "__call__"):
@@ -110,18 +112,25 @@ def train_step(
       the mean.
   """
   ex = gather(state.step, batch)
-  augment_rng, dropout_rng = device_rngs(ex.rng)
+  augment_rng, dropout_rng = jax.random.split(ex.rng)
+  per_device_batch = ex.labels.shape[0]
+  positions = global_positions(per_device_batch)
   targets = jax.nn.one_hot(ex.labels, num_classes)  # [per_device_batch, classes]
   images, targets = augment(
-    augment_rng, ex.images_u8, ex.sizes, epoch=ex.epoch, ids=ex.ids, targets=targets
+    augment_rng,
+    ex.images_u8,
+    ex.sizes,
+    epoch=ex.epoch,
+    ids=ex.ids,
+    positions=positions,
+    targets=targets,
   )
-  per_device_batch = targets.shape[0]
   micro_batch = micro_batch or per_device_batch
   n_micro = per_device_batch // micro_batch
 
   def loss_fn(params, batch_stats, part):
     # The model as written; from outside it, dropout per example and (on CPU) the CPU forms.
-    with dropout_per_example(jnp.arange(part.start, part.stop)), cpu_forms.applied():
+    with dropout_per_example(positions[part]), cpu_forms.applied():
       logits, updates = state.apply_fn(
         {"params": params, "batch_stats": batch_stats},
         images[part],
@@ -156,8 +165,11 @@ def train_step(
 def augmented_examples(step, batch, *, gather, augment, count: int):
   """The first `count` of this device's examples at `step`, augmented as the step sees them."""
   ex = gather(step, batch)
-  augment_rng, _ = device_rngs(ex.rng)
-  images = augment(augment_rng, ex.images_u8, ex.sizes, epoch=ex.epoch, ids=ex.ids)
+  augment_rng, _ = jax.random.split(ex.rng)
+  positions = global_positions(ex.labels.shape[0])
+  images = augment(
+    augment_rng, ex.images_u8, ex.sizes, epoch=ex.epoch, ids=ex.ids, positions=positions
+  )
   return images[:count]  # augmented as a whole batch: the same per-example keys
 
 

@@ -174,7 +174,8 @@ def _describe(config, training: Training, state, echo) -> None:
     f"{per_device} per device{f' in micro-batches of {micro}' if micro < per_device else ''} | "
     f"{training.inputs.steps_per_epoch} steps/epoch, {training.num_steps} "
     f"step{'s' if training.num_steps > 1 else ''}"
-    f" | data: {training.inputs.name} ({training.inputs.source})"
+    f" | data: {training.inputs.name} ({training.inputs.source}), "
+    f"{training.inputs.layout}"
   )
 
 
@@ -204,12 +205,13 @@ def _data_identity(inputs: Inputs) -> dict:
 
 
 def augmented_preview(gather, augment, step: int, batch) -> np.ndarray:
-  """8 training images from each of the first 4 local devices, augmented as step `step` sees
-  them: [32, h, w, C] (for TensorBoard and WORKDIR/augmented_batch.png)."""
-  preview = functools.partial(steps.augmented_examples, gather=gather, augment=augment, count=8)
+  """The first 32 examples of step `step`'s global batch (fewer if this process holds fewer),
+  augmented as the step sees them: [32, h, w, C] (for TensorBoard and
+  WORKDIR/augmented_batch.png)."""
+  preview = functools.partial(steps.augmented_examples, gather=gather, augment=augment, count=32)
   images = jax.pmap(preview, axis_name=AXIS)(replicate(np.int32(step)), batch)
-  local = np.concatenate([np.asarray(s.data) for s in images.addressable_shards[:4]])
-  return local.reshape(-1, *local.shape[2:])
+  shards = sorted(images.addressable_shards, key=lambda s: s.index[0].start)  # device order
+  return np.concatenate([np.asarray(s.data[0]) for s in shards])[:32]
 
 
 def train_and_evaluate(
@@ -338,8 +340,13 @@ def _announce(workdir: Path, config, training: Training, state, echo, warm) -> N
   if before and before != jax.device_count():
     echo(
       f"note: the launch before this one ran on {before} devices, this one on "
-      f"{jax.device_count()}: the state and global batch are the same, the batches drawn "
-      f"from here on are not those {before} devices would draw (docs/long_runs.md)"
+      f"{jax.device_count()}: "
+      + (
+        f"the state and global batch are the same, the batches drawn from here on are not "
+        f"those {before} devices would draw ({training.inputs.layout}; docs/long_runs.md)"
+        if training.inputs.order_per_device
+        else "the run continues as before: its batches do not depend on the device count"
+      )
     )
 
 

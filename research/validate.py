@@ -52,6 +52,7 @@ RANGES = (
   ("label_smoothing", "in [0, 1)", lambda x: 0 <= x < 1),
   ("aux_loss_weight", ">= 0", lambda x: x >= 0),
   ("resident_max_gb", "> 0", lambda x: x > 0),
+  ("replicate_max_gb", ">= 0", lambda x: x >= 0),
   ("synthetic_train_size", ">= 1", lambda x: x >= 1),
   ("synthetic_test_size", ">= 1", lambda x: x >= 1),
   ("synthetic_image_size", ">= 1", lambda x: x >= 1),
@@ -197,6 +198,13 @@ def train_config(config: ml_collections.ConfigDict, n_devices: int) -> Checked:
   _choice("loss_reduction", config.loss_reduction, ("mean", "sum"))
   _param_groups(config)
   per_device_batch = batch_sizes(config, n_devices)
+  if augment.mixes and per_device_batch % 2:
+    raise UserError(
+      f"augment={config.augment!r} mixes each example with its neighbour (positions 2i and "
+      f"2i + 1 of the global batch), which needs an even batch on each device, not "
+      f"{per_device_batch} (batch_size={config.batch_size} over {n_devices} devices); use an "
+      "even batch_size / device count"
+    )
   if per_device_batch % max(1, config.micro_batch_size):
     raise UserError(
       f"micro_batch_size={config.micro_batch_size} does not divide the {per_device_batch} "

@@ -13,23 +13,34 @@ from research.errors import UserError
 from research.train import train_and_evaluate
 
 
-def test_processes_read_one_global_order_each_example_once_per_epoch_new_each_epoch():
-  n = 47  # records, in their source order (a folder's: class after class)
-  shares = [streaming.process_share(list(range(n)), (p, 2), seed=3) for p in range(2)]
-  order = [shares[i % 2][i // 2] for i in range(2 * n)]  # process 0, process 1, process 0, …
-  first, second = order[:n], order[n:]
+def test_processes_read_their_parts_of_one_global_order_once_per_epoch_new_each_epoch():
+  n, batch = 48, 8  # records, in their source order (a folder's: class after class)
+  stream = streaming.shuffled(list(range(n)), seed=3)
+
+  def global_batches(processes: int, start: int = 0, count: int = 12):
+    parts = [
+      itertools.islice(
+        streaming.batch_stream(stream, batch // processes, start, 0, (p, processes)), count
+      )
+      for p in range(processes)
+    ]
+    return [np.concatenate(blocks) for blocks in zip(*parts, strict=True)]  # process 0 first
+
+  one = global_batches(1)
+  for processes in (2, 4):  # the same batches, example for example, on any process count
+    np.testing.assert_array_equal(global_batches(processes), one)
+  np.testing.assert_array_equal(global_batches(2, start=5, count=7), one[5:])  # a resume
+  first, second = np.concatenate(one[:6]), np.concatenate(one[6:])
   assert sorted(first) == sorted(second) == list(range(n))
-  assert first != second
-  # Not one shuffle of each process's share: that would give the processes neighbouring
-  # records (the same class) at every position.
-  neighbours = sum(abs(shares[0][k] - shares[1][k]) <= 1 for k in range(n // 2))
-  assert neighbours < n // 8
+  assert not np.array_equal(first, second)
+  # Shuffled over the whole split, not in runs of the source order (the same class).
+  assert sum(abs(a - b) <= 1 for a, b in itertools.pairwise(first)) < n // 8
 
 
 def test_mock_imagenet_batches_are_fixed_size_uint8_and_land_sharded_on_devices():
   with tfds.testing.mock_data(num_examples=24):
     source = streaming.TfdsImages(streaming.open_source("imagenet2012", "train", ""), 40)
-    ds = streaming.process_share(source, seed=0)
+    ds = streaming.shuffled(source, seed=0)
     batches = list(itertools.islice(streaming.batch_stream(ds, batch=8, start=0, workers=0), 3))
     labels = sorted(int(source[i]["label"]) for i in range(24))
   assert sorted(np.concatenate([b["label"] for b in batches]).tolist()) == labels  # an epoch

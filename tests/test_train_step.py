@@ -41,14 +41,14 @@ def _loss(label_smoothing=0.0, aux_loss_weight=0.0, model="vgg"):
   return functools.partial(models.loss(ml_collections.ConfigDict({"name": model})), config=config)
 
 
-def _one_step(state, images_u8, labels, n_devices, loss=None):
+def _one_step(state, images_u8, labels, n_devices, loss=None, augmentation="crop(4)|flip_lr"):
   """One pmapped step over the first `n_devices`, the global batch split evenly."""
   devices = jax.local_devices()[:n_devices]
   step = jax.pmap(
     functools.partial(
       train_step,
       gather=_as_given,
-      augment=augment.build("standardize"),  # deterministic, so both runs see the same pixels
+      augment=augment.build(augmentation),  # random: each example's draws by its position
       loss=loss or _loss(),
       num_classes=10,
     ),
@@ -71,8 +71,10 @@ def batch():
 # Adam's first update is lr * g / (|g| + eps): for gradients at float noise level (1e-9) it is
 # ±lr on either side, so eps is raised above that noise; the comparison stays exact otherwise.
 @pytest.mark.parametrize("optimizer", [optax.sgd(0.1, momentum=0.9), optax.adam(1e-3, eps=1e-4)])
-def test_one_step_on_8_devices_equals_one_step_on_1(batch, optimizer):
-  model = _vgg()
+@pytest.mark.parametrize("model", ["vgg", "keras_cnn"])  # BatchNorm; dropout
+def test_one_step_on_8_devices_equals_one_step_on_1(batch, optimizer, model):
+  config = ml_collections.ConfigDict(dict(name=model, num_classes=10, dtype="float32"))
+  model = _vgg() if model == "vgg" else models.create(config, AXIS)
   state = create_train_state(jax.random.key(0), None, model, (32, 32, 3), optimizer)
   one, metrics_one = _one_step(state, *batch, n_devices=1)
   eight, metrics_eight = _one_step(state, *batch, n_devices=8)
@@ -120,7 +122,7 @@ def test_params_changed_and_replicas_agree(batch):
     functools.partial(
       train_step,
       gather=_as_given,
-      augment=augment.build("crop(4)|flip_lr|standardize"),  # random, different per device
+      augment=augment.build("crop(4)|flip_lr|standardize"),  # random, per example
       loss=_loss(),
       num_classes=10,
     ),
@@ -140,36 +142,56 @@ def test_params_changed_and_replicas_agree(batch):
   assert not np.allclose(before, after)
 
 
-def test_resident_batches_take_each_example_once_per_epoch_in_a_new_order():
-  labels = np.arange(48, dtype=np.int32)  # 6 per device: 3 steps of 2 per epoch
+def _resident_takes(replicate_max_gb: float):
+  """(Inputs, each of steps 0-8's labels taken [8 devices, 2]) of 48 examples whose images
+  show their labels, 16 per global batch: 3 steps per epoch."""
+  labels = np.arange(48, dtype=np.int32)
   images = np.zeros((48, 4, 4, 3), np.uint8)
   images[:, 0, 0, 0] = labels  # each image shows its own label
   data = ImageDataset("synthetic", "test", images, labels, images[:8], labels[:8], 48)
   config = configuration.load("configs/cifar_keras_cnn.py:smoke")
-  config.update(batch_size=16, eval_batch_size=8)
+  config.update(batch_size=16, eval_batch_size=8, replicate_max_gb=replicate_max_gb)
   shuffle_key, step_key = jax.random.split(jax.random.key(0))
   resident = inputs.resident(config, data, 2, augment.build("standardize"), shuffle_key, step_key)
   gather = jax.pmap(resident.gather, axis_name=AXIS)
   taken = lambda step, batch: np.asarray(gather(replicate(np.int32(step)), batch)[1])
   stream = resident.batches(0)
-  seen = [taken(step, next(stream)) for step in range(9)]  # [8 devices, 2] each
-  epochs = [np.concatenate(seen[e * 3 : e * 3 + 3], axis=1) for e in range(3)]  # [8, 6]
-  shards = np.sort(epochs[0], axis=1)  # each device takes the examples it holds
-  np.testing.assert_array_equal(np.sort(shards, axis=None), labels)
-  for order in epochs[1:]:
-    np.testing.assert_array_equal(np.sort(order, axis=1), shards)
-  # As a folder lists its classes one after another (here class = label // 6), each device
-  # holds a random part of the split, and so does the sample the model may initialise from.
-  assert all(len(set(shard // 6)) > 2 for shard in shards)
-  assert len(set(resident.first_images(8)[:, 0, 0, 0] // 6)) > 2
-  np.testing.assert_array_equal(resident.first_images(8), resident.first_images(8))
-  # A new order every epoch, on each device its own: the examples that share a step change.
-  pairs = lambda order: set(zip(order[0], order[1], strict=True))  # devices 0 and 1, by slot
-  for before, after in itertools.pairwise(epochs):
-    assert not np.array_equal(before, after) and pairs(before) != pairs(after)
+  seen = [taken(step, next(stream)) for step in range(9)]
   resumed = resident.batches(4)  # a run resumed mid-epoch takes the same examples
   for step in range(4, 9):
     np.testing.assert_array_equal(taken(step, next(resumed)), seen[step])
+  # As a folder lists its classes one after another (here class = label // 6), the sample the
+  # model may initialise from is a random part of the split.
+  assert len(set(resident.first_images(8)[:, 0, 0, 0] // 6)) > 2
+  np.testing.assert_array_equal(resident.first_images(8), resident.first_images(8))
+  return resident, seen
+
+
+def test_resident_global_batches_take_each_example_once_per_epoch_in_a_new_order():
+  resident, seen = _resident_takes(replicate_max_gb=1.0)
+  assert resident.steps_per_epoch == 3 and not resident.order_per_device
+  batches = [step.reshape(-1) for step in seen]  # global batches: device 0's part first
+  epochs = [np.concatenate(batches[e * 3 : e * 3 + 3]) for e in range(3)]
+  for order in epochs:
+    np.testing.assert_array_equal(np.sort(order), np.arange(48))
+  for before, after in itertools.pairwise(epochs):
+    assert not np.array_equal(before, after)
+  # Devices meet examples from the whole split: device 0 is not held to a part of it.
+  assert len(set(np.concatenate([step[0] for step in seen]).tolist())) > 6
+
+
+def test_sharded_resident_data_keeps_each_device_to_its_shard_in_a_new_order():
+  resident, seen = _resident_takes(replicate_max_gb=0.0)
+  assert resident.order_per_device and "depend on the device count" in resident.layout
+  epochs = [np.concatenate(seen[e * 3 : e * 3 + 3], axis=1) for e in range(3)]  # [8, 6]
+  shards = np.sort(epochs[0], axis=1)  # each device takes the examples it holds
+  np.testing.assert_array_equal(np.sort(shards, axis=None), np.arange(48))
+  for order in epochs[1:]:
+    np.testing.assert_array_equal(np.sort(order, axis=1), shards)
+  assert all(len(set(shard // 6)) > 2 for shard in shards)  # a random part of the split
+  pairs = lambda order: set(zip(order[0], order[1], strict=True))  # devices 0 and 1, by slot
+  for before, after in itertools.pairwise(epochs):
+    assert not np.array_equal(before, after) and pairs(before) != pairs(after)
 
 
 def test_micro_batches_take_the_steps_of_the_whole_batch_dropout_included():

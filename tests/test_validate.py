@@ -54,6 +54,7 @@ SLICE = Path(__file__).parent / "data" / "cifar10_slice"  # real JPEGs, 10 class
     ("--config.data_dir=/data/x", "data_dir='/data/x' is set but dataset='synthetic' reads no"),
     ("--config.model.num_classes=1", "model.num_classes=1 must be a number >= 2"),
     ("--config.model.width=0", "model.width=0.0 must be a number > 0"),
+    ("--config.replicate_max_gb=-1", "replicate_max_gb=-1.0 must be a number >= 0"),
     (
       "--config.augment=crop(4)|flip_lr",
       "augment='crop(4)|flip_lr' maps pixel values by none but eval_preprocess='standardize' by "
@@ -131,6 +132,14 @@ def test_a_batch_that_does_not_divide_suggests_only_positive_multiples():
   config.batch_size = 3
   with pytest.raises(UserError, match=r"use a multiple of 8 \(e\.g\. 8\)$"):
     validate.train_config(config, 8)
+
+
+def test_mixing_examples_needs_an_even_batch_on_each_device():
+  config = configuration.load(SMOKE)
+  config.update(augment="crop(4)|flip_lr|standardize|mixup(0.4)", batch_size=72)
+  with pytest.raises(UserError, match=r"positions 2i and 2i \+ 1 .* not 9 \(batch_size=72 over 8"):
+    validate.train_config(config, 8)
+  validate.train_config(config, 4)  # 18 per device
 
 
 def test_a_micro_batch_that_does_not_divide_the_device_batch_is_an_error():

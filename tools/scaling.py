@@ -7,8 +7,11 @@ that many XLA host devices), the way the original write-ups ran 1, 2, 4 and 8 GP
 `scaling_steps` steps without checkpoints. Weak scaling keeps the per-device batch of the
 config (global batch grows with the devices); strong scaling (`scaling_strong=True`) keeps
 the global batch; on all N devices the two are the same run, measured once. Throughput is
-the median over the log intervals after the first, which holds the warm-up. Writes
-WORKDIR/scaling.csv and WORKDIR/scaling.png and prints the table.
+the median over the log intervals after the first, which holds the warm-up. Beside the speed,
+each run's last logged loss and final eval accuracy: the strong-scaling rows are one run (the
+same global batch, the same batches and random draws) at different speeds, so these agree, to
+the float rounding that training amplifies (docs/long_runs.md); weak-scaling rows train other
+global batches. Writes WORKDIR/scaling.csv and WORKDIR/scaling.png and prints the table.
 """
 
 import csv
@@ -39,6 +42,8 @@ COLUMNS = [
   "speedup",
   "efficiency",
   "input_wait_fraction",
+  "final_loss",
+  "eval_accuracy",
 ]
 
 
@@ -90,8 +95,8 @@ def _measure(spec, overrides, workdir: Path, n_devices: int, batch: int, config,
     code = run_child(command, env=env, stdout=out, stderr=out)
   if code:
     raise UserError(f"the {n_devices}-device run failed: {log.read_text().strip()[-500:]}")
-  lines = (workdir / "metrics.jsonl").read_text().splitlines()
-  train = [r for r in map(json.loads, lines) if "loss" in r][2:]  # skip step 1 and warm-up
+  records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  train = [r for r in records if "loss" in r][2:]  # skip step 1 and warm-up
   return {
     "n_devices": n_devices,
     "global_batch": batch,
@@ -99,6 +104,8 @@ def _measure(spec, overrides, workdir: Path, n_devices: int, batch: int, config,
     "examples_per_sec": statistics.median(r["examples_per_sec"] for r in train),
     "sec_per_batch": statistics.median(r["sec_per_batch"] for r in train),
     "input_wait_fraction": statistics.median(r["input_wait_fraction"] for r in train),
+    "final_loss": train[-1]["loss"],  # at the last step
+    "eval_accuracy": [r for r in records if "eval_accuracy" in r][-1]["eval_accuracy"],
   }
 
 
@@ -180,13 +187,13 @@ def run(config, spec: str, overrides: list, workdir: Path) -> list[dict]:
   _plot(rows, workdir / "scaling.png")
   print(
     f"\n{'mode':6} {'devices':>7} {'batch':>6} {'examples/s':>11} {'s/batch':>8} "
-    f"{'speedup':>8} {'efficiency':>10} {'input wait':>10}"
+    f"{'speedup':>8} {'efficiency':>10} {'input wait':>10} {'final loss':>10} {'eval acc':>8}"
   )
   for r in rows:
     print(
       f"{r['mode']:6} {r['n_devices']:7d} {r['global_batch']:6d} {r['examples_per_sec']:11.1f} "
       f"{r['sec_per_batch']:8.3f} {r['speedup']:8.2f} {r['efficiency']:10.0%} "
-      f"{r['input_wait_fraction']:10.1%}"
+      f"{r['input_wait_fraction']:10.1%} {r['final_loss']:10.4f} {r['eval_accuracy']:8.2%}"
     )
   print(f"\nwrote {workdir / 'scaling.csv'} and {workdir / 'scaling.png'}")
   return rows

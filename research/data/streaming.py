@@ -112,15 +112,16 @@ def sources(config, scanned: folder.Folder | None) -> tuple:
   )
 
 
-def process_share(source, share=(0, 1), seed: int | None = None) -> grain.MapDataset:
-  """Process `share[0]`'s records of `share[1]` processes: every share[1]-th from its index.
-  With a `seed`, every share[1]-th of one global order of all records, repeated forever and
-  shuffled anew every epoch: together, the processes read each record once per epoch."""
+def process_share(source, share=(0, 1)) -> grain.MapDataset:
+  """Process `share[0]`'s records of `share[1]` processes: every share[1]-th from its index."""
   index, count = share
-  ds = grain.MapDataset.source(source)
-  if seed is not None:
-    ds = ds.shuffle(seed).repeat(None)
-  return ds[index::count]
+  return grain.MapDataset.source(source)[index::count]
+
+
+def shuffled(source, seed: int) -> grain.MapDataset:
+  """All records in one order fixed by the seed, repeated forever and shuffled anew every
+  epoch: the training stream every process reads its part of (`batch_stream`)."""
+  return grain.MapDataset.source(source).shuffle(seed).repeat(None)
 
 
 def _iterate(ds: grain.MapDataset, workers: int):
@@ -160,9 +161,13 @@ def _unlink_consumed() -> None:
 atexit.register(_unlink_consumed)
 
 
-def batch_stream(ds: grain.MapDataset, batch: int, start: int, workers: int):
-  """Batches `start`, `start + 1`, … of `ds` as numpy, decoded on `workers` processes."""
-  return _iterate(ds.batch(batch, drop_remainder=True)[start:], workers)
+def batch_stream(ds: grain.MapDataset, batch: int, start: int, workers: int, share=(0, 1)):
+  """Process `share[0]`'s part of global batches `start`, `start + 1`, … of `ds` as numpy,
+  decoded on `workers` processes: of each global batch of `batch` × share[1] consecutive
+  elements, the share[0]-th block of `batch`, so the global batches are the same for any
+  number of processes."""
+  index, count = share
+  return _iterate(ds.batch(batch, drop_remainder=True)[index::count][start:], workers)
 
 
 def eval_batches(source, per_process_batch: int, workers: int, share=(0, 1)):

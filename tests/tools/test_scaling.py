@@ -22,7 +22,7 @@ def test_report_writes_a_row_per_device_count_and_a_plot_and_a_rerun_trains_fres
   monkeypatch.setattr(scaling, "device_counts", lambda n: [1, 2])  # two child runs: quick
   spec = "configs/cifar_keras_cnn.py:smoke"
   config = configuration.load(spec)
-  config.scaling_steps = 6
+  config.update(scaling_steps=6, scaling_strong=True)
   rows = scaling.run(config, spec, [("scaling_steps", "6")], tmp_path)
 
   with open(tmp_path / "scaling.csv") as f:
@@ -30,7 +30,13 @@ def test_report_writes_a_row_per_device_count_and_a_plot_and_a_rerun_trains_fres
   assert [(r["mode"], r["n_devices"], r["global_batch"]) for r in saved] == [
     ("weak", "1", "8"),  # the config's 8 per device (64 over 8 devices)
     ("weak", "2", "16"),
+    ("strong", "1", "64"),
+    ("strong", "2", "64"),
   ]
+  # Strong scaling: one run at two speeds (tests/test_device_count.py states the tolerance).
+  strong = [r for r in rows if r["mode"] == "strong"]
+  assert strong[0]["eval_accuracy"] == strong[1]["eval_accuracy"]
+  assert strong[0]["final_loss"] == pytest.approx(strong[1]["final_loss"], rel=2e-4)
   assert rows[0]["speedup"] == 1.0 and all(r["examples_per_sec"] > 0 for r in rows)
   assert (tmp_path / "scaling.png").stat().st_size > 10_000
   first = tmp_path / "scaling" / "run-1" / "weak-1"
@@ -45,6 +51,7 @@ def test_report_writes_a_row_per_device_count_and_a_plot_and_a_rerun_trains_fres
   def measure(spec, overrides, run_dir, n, batch, config, backend):
     children.append((run_dir.relative_to(tmp_path / "scaling").as_posix(), run_dir.exists()))
     numbers = {"examples_per_sec": 100.0 * n, "sec_per_batch": 1.0, "input_wait_fraction": 0}
+    numbers.update(final_loss=1.0, eval_accuracy=0.5)
     return {"n_devices": n, "global_batch": batch, "per_device_batch": batch // n, **numbers}
 
   monkeypatch.setattr(scaling, "device_counts", lambda n: [1, 8])
