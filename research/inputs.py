@@ -2,10 +2,11 @@
 examples from them, and eval over the whole test split.
 
 Two kinds, one interface (`Inputs`):
-  - resident (CIFAR-sized): the whole split lives on the devices as uint8, each device holding
-    a random part of it; each step gathers its examples on device by the epoch's order, so the
-    host hands over the same shard every step, with that order (computed once per epoch, while
-    the epoch before trains).
+  - resident (CIFAR-sized): the split lives on the devices as uint8, whole on every device
+    (up to replicate_max_gb; larger, each device holds a random part of it); each step gathers
+    its examples on device by the epoch's order, so the host hands over the same arrays every
+    step, with this device's part of that order (computed once per epoch, while the epoch
+    before trains). Device d of N takes positions [d·b, (d+1)·b) of each global batch.
   - streamed (ImageNet-sized): host workers decode fixed-size uint8 batches
     (research/data/streaming.py) that are prefetched to the devices while the step before runs.
 The sources in research/data/ yield host arrays; this module is the device side of both.

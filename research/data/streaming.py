@@ -2,7 +2,8 @@
 
     tfds.data_source (array_record, no TensorFlow) or an image folder (research/data/folder.py)
       → one global shuffle, new every epoch (grain; a function of seed and epoch), of which
-        each process reads only its own share (every process_count-th record)
+        each process reads only its block of every global batch (the same batches on any
+        process count)
       → on `data_workers` worker processes: decode, resize the LONGER side to host_image_size
         (aspect ratio kept), edge-pad to a square so batches stack, remember the valid size
       → batches: image uint8 [per-process batch, S, S, 3], size int32 [.., 2], label
