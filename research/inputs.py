@@ -245,7 +245,7 @@ def resident(
       devices=local_devices,
     )
     layout = (
-      f"training split sharded over the {n_devices} devices (over replicate_max_gb="
+      f"training split sharded, a part per device (larger than replicate_max_gb="
       f"{config.replicate_max_gb}): its batches depend on the device count"
     )
   else:

@@ -202,8 +202,8 @@ def train_config(config: ml_collections.ConfigDict, n_devices: int) -> Checked:
     raise UserError(
       f"augment={config.augment!r} mixes each example with its neighbour (positions 2i and "
       f"2i + 1 of the global batch), which needs an even batch on each device, not "
-      f"{per_device_batch} (batch_size={config.batch_size} over {n_devices} devices); use an "
-      "even batch_size / device count"
+      f"{per_device_batch} (batch_size={config.batch_size} over {n_devices} devices); choose a "
+      "batch_size that gives each device an even number"
     )
   if per_device_batch % max(1, config.micro_batch_size):
     raise UserError(
