@@ -112,19 +112,9 @@ def train_step(
       the mean.
   """
   ex = gather(state.step, batch)
-  augment_rng, dropout_rng = jax.random.split(ex.rng)
-  per_device_batch = ex.labels.shape[0]
-  positions = global_positions(per_device_batch)
   targets = jax.nn.one_hot(ex.labels, num_classes)  # [per_device_batch, classes]
-  images, targets = augment(
-    augment_rng,
-    ex.images_u8,
-    ex.sizes,
-    epoch=ex.epoch,
-    ids=ex.ids,
-    positions=positions,
-    targets=targets,
-  )
+  (images, targets), positions, dropout_rng = _augmented(ex, augment, targets=targets)
+  per_device_batch = targets.shape[0]
   micro_batch = micro_batch or per_device_batch
   n_micro = per_device_batch // micro_batch
 
@@ -162,14 +152,27 @@ def train_step(
   return new_state, metrics
 
 
+def _augmented(ex: Examples, augment, targets=None):
+  """(augment's output for this device's examples as their step draws it, their positions in
+  the global batch, the step's dropout key): the step's key, the same on every device, split
+  into the augmentation's and dropout's."""
+  augment_rng, dropout_rng = jax.random.split(ex.rng)
+  positions = global_positions(ex.labels.shape[0])
+  out = augment(
+    augment_rng,
+    ex.images_u8,
+    ex.sizes,
+    epoch=ex.epoch,
+    ids=ex.ids,
+    positions=positions,
+    targets=targets,  # None: the images alone
+  )
+  return out, positions, dropout_rng
+
+
 def augmented_examples(step, batch, *, gather, augment, count: int):
   """The first `count` of this device's examples at `step`, augmented as the step sees them."""
-  ex = gather(step, batch)
-  augment_rng, _ = jax.random.split(ex.rng)
-  positions = global_positions(ex.labels.shape[0])
-  images = augment(
-    augment_rng, ex.images_u8, ex.sizes, epoch=ex.epoch, ids=ex.ids, positions=positions
-  )
+  images, _, _ = _augmented(gather(step, batch), augment)
   return images[:count]  # augmented as a whole batch: the same per-example keys
 
 

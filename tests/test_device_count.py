@@ -10,8 +10,9 @@ import sys
 import jax
 import numpy as np
 import pytest
+from conftest import env_as_users_compile
 
-from research import augment, configuration, environment, inputs, steps
+from research import augment, configuration, inputs, steps
 from research.placement import replicate, to_devices
 from research.steps import AXIS
 
@@ -80,19 +81,14 @@ def _train(workdir, config: str, devices: int, steps: int, *overrides) -> str:
     sys.executable, "-m", "research.main", f"--config={config}", f"--workdir={workdir}",
     f"--config.num_train_steps={steps}", "--config.log_every_steps=1", *overrides,
   ]  # fmt: skip
-  env = environment.for_devices(devices, "cpu")
-  # XLA's backend optimizations on, as users run (the suite turns them off to compile faster,
-  # tests/conftest.py): so compiled, the 1-device run's losses left those of 8 devices at
-  # step 3, by 5e-4, where as users run they stay within 2e-7 up to step 5.
-  flags = env["XLA_FLAGS"].split()
-  env["XLA_FLAGS"] = " ".join(f for f in flags if "backend_optimization_level" not in f)
+  env = env_as_users_compile(devices)  # the losses below differ otherwise (conftest.py)
   result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
   return result.stdout
 
 
 def _records(workdir):
-  """(the train losses by step, the last logged for each, and the final eval record)."""
+  """({step: its train loss, from its last record}, the final eval record)."""
   records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   losses = {r["step"]: r["loss"] for r in records if "loss" in r}
   return losses, [r for r in records if "eval_accuracy" in r][-1]

@@ -13,8 +13,9 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from conftest import env_as_users_compile
 
-from research import checkpoint, configuration, environment, main, models, optim, peers
+from research import checkpoint, configuration, main, models, optim, peers
 from research.errors import UserError
 from research.steps import AXIS, create_train_state
 
@@ -89,23 +90,11 @@ def _params(workdir, config, step: int):
   return state.params
 
 
-def _env(devices: int) -> dict:
-  """A run's environment on `devices` CPU devices: the suite's, with XLA's backend optimizations
-  on, as users run. The suite turns them off to compile faster (tests/conftest.py); so compiled,
-  one process of 8 devices stepped from one of the pair's checkpoints (step 6) up to 3 % of
-  what the step moved a lower layer's element away from the same step compiled as usual, where
-  the pair stayed within rounding of it (2026-11-25, JAX 0.12.0.1, a 2-core AMD EPYC)."""
-  env = environment.for_devices(devices, "cpu")
-  flags = env["XLA_FLAGS"].split()
-  env["XLA_FLAGS"] = " ".join(f for f in flags if "backend_optimization_level" not in f)
-  return env
-
-
 def _start_one(workdir, *overrides):
   """One process of 8 CPU devices, as the pair is run (`_env`); its output, once it is done."""
   command = [sys.executable, "-m", "research.main", "--config", SMOKE, f"--workdir={workdir}"]
   result = subprocess.run(
-    [*command, *overrides], env=_env(8), capture_output=True, text=True, timeout=300
+    [*command, *overrides], env=env_as_users_compile(8), capture_output=True, text=True, timeout=300
   )
   assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
   return result.stdout
@@ -116,7 +105,7 @@ def _start_two(workdir, *overrides, second=()):
   arguments of process 1 only. Their output goes to files beside `workdir`: a pipe nobody
   reads until the end would stop a process that fills it."""
   port = _free_port()
-  env = _env(4)
+  env = env_as_users_compile(4)
   command = [
     sys.executable,
     "-m",
