@@ -259,7 +259,8 @@ fi
 case $1 in
   test)
     shift
-    export XLA_FLAGS="--xla_force_host_platform_device_count=8" JAX_PLATFORMS=cpu
+    # XLA_FLAGS given here are kept (.ci/run reruns the rounding tests on other kernels).
+    export XLA_FLAGS="${XLA_FLAGS:-} --xla_force_host_platform_device_count=8" JAX_PLATFORMS=cpu
     "$py" -m research.environment  # pytest, ruff and the core packages, or an error: line
     "$py" -m ruff check .
     "$py" -m ruff format --check .

@@ -126,6 +126,7 @@ def runs(tmp_path_factory):
 RTOL = 1e-4
 
 
+@pytest.mark.rounding
 @pytest.mark.parametrize("model", CONFIGS)
 def test_a_short_run_on_1_device_is_the_run_on_8(runs, model):
   (losses_8, eval_8), (losses_1, eval_1) = runs[model, 8], runs[model, 1]
@@ -135,6 +136,7 @@ def test_a_short_run_on_1_device_is_the_run_on_8(runs, model):
   np.testing.assert_allclose(eval_1["eval_loss"], eval_8["eval_loss"], rtol=RTOL)
 
 
+@pytest.mark.rounding
 def test_a_run_stopped_on_8_devices_and_resumed_on_2_ends_as_the_run_on_8(runs):
   losses, final, output = runs["vgg", "8 then 2"]
   (losses_8, eval_8) = runs["vgg", 8]

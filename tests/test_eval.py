@@ -15,6 +15,7 @@ from research.steps import AXIS, create_train_state
 
 
 @pytest.mark.parametrize("n_examples", [250, 256, 7])
+@pytest.mark.rounding
 def test_eval_counts_every_example_once(n_examples):
   config = ml_collections.ConfigDict(dict(name="keras_cnn", num_classes=10, dtype="float32"))
   model = models.create(config, AXIS)

@@ -158,6 +158,7 @@ def _logged_steps(workdir) -> list[int]:
   return [r["step"] for r in map(json.loads, lines) if "loss" in r]
 
 
+@pytest.mark.rounding
 def test_sigterm_to_one_process_stops_both_and_the_resumed_pair_steps_as_one_process(tmp_path):
   """SIGTERM reaches one of two processes: both stop after the same step with one checkpoint.
   From that checkpoint two processes × 4 devices and one process × 8 take the same steps."""

@@ -237,6 +237,7 @@ def test_a_run_started_with_sigint_ignored_keeps_ignoring_it_and_stops_on_sigter
   assert "Ctrl-C" not in result.stderr and "SIGTERM: finishing this step" in result.stderr
 
 
+@pytest.mark.rounding
 def test_checkpoint_from_8_devices_restores_the_same_state_on_1(uninterrupted_workdir, tmp_path):
   shutil.copytree(uninterrupted_workdir, tmp_path, dirs_exist_ok=True)
   saved_eval = _records(tmp_path)[-1]

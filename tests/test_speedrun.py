@@ -45,6 +45,7 @@ def _batch(n=64, seed=0):
   return rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8), rng.integers(0, 10, n)
 
 
+@pytest.mark.rounding
 def test_the_recipe_s_step_on_8_devices_equals_its_step_on_1(training):
   state = training.from_data(training.state)
   deterministic = augment.build("normalize")  # the same pixels on any device count
@@ -152,6 +153,7 @@ def _with_optimizer(state, config, learning_rate):
   return state.replace(tx=tx, opt_state=tx.init(state.params))
 
 
+@pytest.mark.rounding
 def test_the_summed_loss_steps_as_the_mean_loss_with_the_batch_times_the_learning_rate(training):
   state = training.from_data(training.state)
   images, labels = _batch(32)
