@@ -43,6 +43,9 @@ def _smoke(c):
   c.eval_every_epochs = 0.0
 
 
+VARIANTS = {"smoke": _smoke, "bf16": lambda c: c.model.update(dtype="bfloat16")}
+
+
 def get_config(arg=None):
   c = training_defaults()
   c.model = dict(
@@ -93,5 +96,5 @@ def get_config(arg=None):
       ),
     )
   )
-  apply_variant(c, arg, {"smoke": _smoke, "bf16": lambda c: c.model.update(dtype="bfloat16")})
+  apply_variant(c, arg, VARIANTS)
   return c

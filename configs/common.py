@@ -8,10 +8,14 @@ from research.errors import UserError
 def training_defaults() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.experiment = "train"  # research.train; standalone experiments name their module instead
+  # Python modules (importable from the repository root or the PYTHONPATH) imported before
+  # the config is checked: a fork's models, losses, augmentation ops, datasets and optimizers
+  # register themselves there (docs/extending.md). A run records them; its eval imports them.
+  c.modules = ()
   c.seed = 0  # parameters, data order and augmentation: functions of (seed, step, device count)
 
   # Data.
-  c.dataset = "cifar10"  # "cifar10", "synthetic", "folder", "imagenet2012", "imagenette"
+  c.dataset = "cifar10"  # registered (research/data), or "folder", "imagenet2012", "imagenette"
   c.data_dir = ""  # cifar10: archive / batches dir / TFDS dir ("" = cache); folder: its root
   c.data_fallback = True  # no data and no network: train on synthetic data (said loudly)
   c.synthetic_train_size = 50_000  # examples, for dataset="synthetic"
@@ -48,7 +52,7 @@ def training_defaults() -> ml_collections.ConfigDict:
   c.eval_preprocess = "standardize"  # deterministic ops only
 
   # Optimizer (optax).
-  c.optimizer = "sgd"  # "sgd", "adam" or "rmsprop"
+  c.optimizer = "sgd"  # registered (research/optim.py): "sgd", "adam", "rmsprop", "muon", ...
   c.learning_rate = 0.1  # peak, at the global batch lr_batch_size
   c.lr_batch_size = 256  # lr scales linearly with batch_size / lr_batch_size; 0 = no scaling
   c.schedule = "cosine"  # "cosine", "linear" (to zero), "constant", "inverse_time", "exponential"
@@ -63,12 +67,13 @@ def training_defaults() -> ml_collections.ConfigDict:
   c.rms_eps_in_sqrt = False  # False as Keras 2 (g / (sqrt(v) + eps)); True as TF's RMSProp
   c.weight_decay = 0.0  # L2 on conv/dense kernels only, added to the gradient
   c.grad_clip_norm = 0.0  # clip the global gradient norm; 0 = off
+  c.loss = "cross_entropy"  # registered (research/losses.py); the eval reports cross-entropy
   c.label_smoothing = 0.0
   c.loss_reduction = "mean"  # over the global batch; "sum": the mean times the global batch
   # Groups of parameters with their own optimizer, lr, weight decay, schedule length, or
   # "frozen": {name: dict(match=REGEX, ...)}, fields in research/optim.py. Empty: one group.
   c.param_groups = ml_collections.ConfigDict()
-  c.aux_loss_weight = 0.4  # weight of an auxiliary head's loss (Inception); unused otherwise
+  c.aux_loss_weight = 0.4  # loss="auxiliary_cross_entropy": the auxiliary head's weight
   # Fine-tuning: a new run starts from the weights of a run's workdir (its newest checkpoint,
   # or init_from_step's) or of one of its checkpoints (WORKDIR/checkpoints/STEP), matched by
   # parameter path; what differs in shape or is absent there starts afresh. "" = from scratch.
@@ -101,3 +106,17 @@ def apply_variant(config: ml_collections.ConfigDict, arg: str | None, variants: 
     if name not in variants:
       raise UserError(f"unknown config variant {name!r}; choose from: {', '.join(variants)}")
     variants[name](config)
+
+
+def extend(parent, arg: str | None, variants: dict) -> ml_collections.ConfigDict:
+  """A config built on another: `parent` (a config module, with its VARIANTS) gives its
+  config and applies the variants of `arg` it has; then `variants` {name: fn(config)} apply
+  the rest, in `arg`'s order. `get_config(arg)` of a config that adds an optimizer, say:
+  `return extend(cifar_vgg, arg, {"adamw": _adamw})`; `:smoke,adamw` takes both."""
+  names = list(filter(None, (arg or "").split(",")))
+  known = {**parent.VARIANTS, **variants}
+  if unknown := [n for n in names if n not in known]:
+    raise UserError(f"unknown config variant {unknown[0]!r}; choose from: {', '.join(known)}")
+  config = parent.get_config(",".join(n for n in names if n not in variants) or None)
+  apply_variant(config, ",".join(n for n in names if n in variants), variants)
+  return config

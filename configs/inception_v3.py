@@ -80,6 +80,7 @@ def get_config(arg=None):
     blocks=(3, 4, 2),  # Inception-A, -B, -C blocks at 35×35, 17×17, 8×8; (3, 4, 2) = the paper
     dtype="float32",  # "bfloat16" compute on GPUs; params and BatchNorm stats stay float32
   )
+  c.loss = "auxiliary_cross_entropy"  # + aux_loss_weight (0.4) × the auxiliary head's
   c.data_placement = "streamed"  # dataset=folder: ImageNet-sized folders never fit on devices
   c.host_image_size = 320  # pixels: host workers resize each image's LONGER side to this
   c.data_workers = 8  # host decode processes (grain); 0 = decode in the training process

@@ -43,10 +43,11 @@ import jax
 import jax.numpy as jnp
 
 from research.errors import UserError
+from research.registry import Registry
 
 Op = Callable[[jax.Array, jax.Array], jax.Array]  # op(rng, image) -> image
 WindowOp = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]  # op(rng, image, valid)
-_REGISTRY: dict[str, Callable] = {}
+OPS = Registry("augmentation op", "augment")  # {name: op factory}
 _WINDOW_OPS: set[str] = set()  # names whose ops read only the valid (height, width) region
 _CONTEXT_OPS: set[str] = set()  # names whose ops take the Context
 _VIEWS_OPS: set[str] = set()  # names whose factories return Views
@@ -82,7 +83,7 @@ def register(
   `batch=True` if its ops mix the examples of a batch and their targets."""
 
   def wrap(factory):
-    _REGISTRY[name] = factory
+    OPS.register(name)(factory)
     flags = (
       (window, _WINDOW_OPS),
       (context, _CONTEXT_OPS),
@@ -469,7 +470,7 @@ class Step(NamedTuple):
 
 def _usage(name: str) -> str:
   """`crop(pad: int, mode: str = 'constant')`: what an op takes, for error messages."""
-  signature = inspect.signature(_REGISTRY[name]).replace(return_annotation=inspect.Signature.empty)
+  signature = inspect.signature(OPS.parts[name]).replace(return_annotation=inspect.Signature.empty)
   return f"{name}{signature}"
 
 
@@ -485,7 +486,7 @@ def _literal(part: str, node: ast.expr, name: str):
 
 def _checked(part: str, name: str, args: list, kwargs: dict) -> dict:
   """The op's arguments by parameter name, each of the type its factory declares."""
-  signature = inspect.signature(_REGISTRY[name])
+  signature = inspect.signature(OPS.parts[name])
   try:
     bound = signature.bind(*args, **kwargs)
   except TypeError as e:
@@ -525,11 +526,12 @@ def parse(spec: str) -> list[Step]:
         f"augmentation op {part!r} is not written as NAME or NAME(ARGUMENTS), e.g. crop(4)"
       )
     name = call.func.id
-    if name not in _REGISTRY:
-      near = difflib.get_close_matches(name, list(_REGISTRY), n=1)
+    if name not in OPS.parts:
+      near = difflib.get_close_matches(name, OPS.names(), n=1)
       hint = f" (did you mean {near[0]!r}?)" if near else ""
       raise UserError(
-        f"augmentation op {part!r} is unknown{hint}; available: {', '.join(sorted(_REGISTRY))}"
+        f"augmentation op {part!r} is unknown{hint}; available: {', '.join(OPS.names())}; a "
+        "fork registers its own in a module named in config.modules (docs/extending.md)"
       )
     if name in _WINDOW_OPS and steps:
       raise UserError(f"augmentation op {part!r} must be first: ops before it would see padding")
@@ -544,7 +546,7 @@ def parse(spec: str) -> list[Step]:
     kwargs = {k.arg: _literal(part, k.value, name) for k in call.keywords}
     arguments = _checked(part, name, args, kwargs)
     value = f"{name}({', '.join(map(repr, arguments.values()))})" if name in VALUE_OPS else None
-    op = _REGISTRY[name](**arguments)
+    op = OPS.parts[name](**arguments)
     steps.append(Step(op, name in _WINDOW_OPS, name in _CONTEXT_OPS, value, name in _BATCH_OPS))
   return steps
 

@@ -6,6 +6,7 @@ We parse overrides ourselves rather than through absl's config_flags so that eve
 
 import ast
 import difflib
+import importlib
 import importlib.util
 import sys
 from pathlib import Path
@@ -32,6 +33,27 @@ def load(spec: str) -> ml_collections.ConfigDict:
       f"{', '.join(_configs_here())}"
     )
   return module.get_config(arg or None)
+
+
+def import_modules(config: ml_collections.ConfigDict) -> None:
+  """Imports the modules `config.modules` names, where a fork registers its parts; a user
+  error for one that does not import."""
+  modules = config.get("modules", ())
+  if isinstance(modules, str) or not all(isinstance(m, str) for m in modules):
+    raise UserError(f"modules={modules!r} must be a tuple of module names, e.g. ('myexp',)")
+  root = str(Path(__file__).resolve().parent.parent)  # the repository's: its fork packages
+  if root not in sys.path:
+    sys.path.append(root)
+  for name in modules:
+    try:
+      importlib.import_module(name)
+    except UserError:
+      raise
+    except Exception as e:
+      raise UserError(
+        f"modules: {name!r} does not import ({type(e).__name__}: {e}); a module here is "
+        "importable from the repository root or the PYTHONPATH, e.g. 'myexp' for myexp/"
+      ) from None
 
 
 def _configs_here() -> list[str]:

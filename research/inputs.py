@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from research import data as data_lib
 from research import environment, steps
 from research.data import (
   STREAMED,
@@ -32,7 +33,6 @@ from research.data import (
   fingerprint,
   folder,
 )
-from research.data.load import load_in_memory
 from research.errors import UserError
 from research.placement import (
   first_replica,
@@ -91,7 +91,7 @@ def make(config, *, per_device_batch, augment, preprocess, shuffle_key, step_key
         )
     inputs = streamed(config, per_device_batch, preprocess, step_key, scanned)
   elif scanned is None:
-    data = load_in_memory(config)
+    data = data_lib.load(config)
     inputs = resident(config, data, per_device_batch, preprocess, shuffle_key, step_key)
   else:
     size = config.host_image_size

@@ -140,6 +140,7 @@ def load_config(args, overrides):
   config = configuration.load(args.config)
   for field, value in overrides:
     configuration.override(config, field, value)
+  configuration.import_modules(config)  # a fork's parts, before anything checks the config
   return config
 
 

@@ -38,10 +38,12 @@ def format_train_line(record: dict) -> str:
 
 
 def eval_record(step: int, totals: dict) -> dict:
-  """The eval record of `totals` (steps.eval_sums summed over the test split)."""
+  """The eval record of `totals` (steps.eval_sums summed over the test split). Its loss is
+  cross-entropy whatever loss the run trains by (`config.loss`, its train records' `loss`)."""
   record = {
     "step": step,
     "eval_loss": float(totals["loss_sum"] / totals["count"]),
+    "eval_loss_kind": "cross_entropy",
     "eval_accuracy": float(totals["correct"] / totals["count"]),
     "eval_examples": int(totals["count"]),
   }

@@ -3,13 +3,14 @@
 `config.param_groups` names groups of parameters, each a dict: `match`, a regular expression
 searched in each parameter's path (`group1/conv1/kernel`; the first group that matches takes
 the parameter), then the group's own `optimizer`, `learning_rate`, `weight_decay`, `momentum`,
-`nesterov` (unset: the config's), and `train_fraction` (its schedule runs over that share of
-training and its learning rate is 0 after). `optimizer` is one of OPTIMIZERS, or "frozen"
-(never updated), or "muon": momentum whose update is orthogonalised by Newton-Schulz
-iterations (`ns_steps`) per kernel, a kernel [kh, kw, in, out] taken as a matrix
-[kh·kw·in, out]; `normalize_weights=True` rescales each kernel to norm sqrt(out) before its
-update (airbench's Muon). Parameters no group matches use the config's own optimizer, with
-weight decay on kernels only. A group's weight decay applies to all its parameters.
+`nesterov` or any other field of the config (unset: the config's), and `train_fraction` (its
+schedule runs over that share of training and its learning rate is 0 after). `optimizer` is
+a registered one (OPTIMIZERS, below), "frozen" (never updated), or "muon": momentum whose
+update is orthogonalised by Newton-Schulz iterations (`ns_steps`) per kernel, a kernel
+[kh, kw, in, out] taken as a matrix [kh·kw·in, out]; `normalize_weights=True` rescales each
+kernel to norm sqrt(out) before its update (airbench's Muon). Parameters no group matches use
+the config's own optimizer, with weight decay on kernels only. A group's weight decay applies
+to all its parameters.
 """
 
 import re
@@ -21,11 +22,16 @@ import optax
 from optax.contrib import MuonDimensionNumbers, scale_by_muon
 
 from research.errors import UserError
+from research.registry import Registry
 
 SCHEDULES = ("cosine", "linear", "constant", "inverse_time", "exponential")
-OPTIMIZERS = ("sgd", "adam", "rmsprop")
-GROUP_OPTIMIZERS = (*OPTIMIZERS, "muon", "frozen")
 DEFAULT = "default"  # the label of parameters no group matches
+# register(name, decays_weights=True: it applies `weight_decay` itself; groups_only=True: for
+# param_groups alone) on `make(learning_rate, fields) -> optax.GradientTransformation`, where
+# `learning_rate` is the schedule and `fields` the group's config fields (the config's own for
+# parameters no group takes): a fork's optimizer reads its fields there, set in its config.
+OPTIMIZERS = Registry("optimizer", "optimizer")
+register = OPTIMIZERS.register
 
 
 def learning_rate_schedule(
@@ -65,20 +71,26 @@ def _kernels_only(params):
   return jax.tree_util.tree_map_with_path(lambda path, _: path[-1].key == "kernel", params)
 
 
-def _base(name: str, schedule, fields) -> optax.GradientTransformation:
-  if name == "sgd":
-    return optax.sgd(schedule, momentum=fields.momentum, nesterov=fields.nesterov)
-  if name == "adam":
-    return optax.adam(schedule)
-  if name == "rmsprop":
-    return optax.rmsprop(
-      schedule,
-      decay=fields.rms_decay,
-      eps=fields.rms_eps,
-      eps_in_sqrt=fields.rms_eps_in_sqrt,
-      momentum=fields.momentum or None,
-    )
-  raise UserError(f"optimizer={name!r} is unknown; use {', '.join(OPTIMIZERS)}")
+@register("sgd")
+def sgd(learning_rate, fields) -> optax.GradientTransformation:
+  return optax.sgd(learning_rate, momentum=fields.momentum, nesterov=fields.nesterov)
+
+
+@register("adam")
+def adam(learning_rate, fields) -> optax.GradientTransformation:
+  del fields
+  return optax.adam(learning_rate)
+
+
+@register("rmsprop")
+def rmsprop(learning_rate, fields) -> optax.GradientTransformation:
+  return optax.rmsprop(
+    learning_rate,
+    decay=fields.rms_decay,
+    eps=fields.rms_eps,
+    eps_in_sqrt=fields.rms_eps_in_sqrt,
+    momentum=fields.momentum or None,
+  )
 
 
 def _kernel_matrix(update) -> MuonDimensionNumbers:
@@ -99,39 +111,50 @@ def renormalize_weights() -> optax.GradientTransformation:
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
 
 
-def _group(fields, schedule) -> optax.GradientTransformation:
-  """One parameter group's optimizer; `fields` has the config's values for what it leaves unset."""
-  if fields.optimizer == "frozen":
-    return optax.set_to_zero()
-  if fields.optimizer == "muon":
-    chain = [
-      scale_by_muon(
-        ns_steps=fields.ns_steps,
-        beta=fields.momentum,
-        nesterov=fields.nesterov,
-        weight_dimension_numbers=lambda updates: jax.tree.map(_kernel_matrix, updates),
-      )
-    ]
-    if fields.weight_decay:  # decoupled, as optax.contrib.muon
-      chain.append(optax.add_decayed_weights(fields.weight_decay))
-    chain.append(optax.scale_by_learning_rate(schedule))
-    if fields.normalize_weights:
-      chain.append(renormalize_weights())
-    return optax.chain(*chain)
-  decay = [optax.add_decayed_weights(fields.weight_decay)] if fields.weight_decay else []
-  return optax.chain(*decay, _base(fields.optimizer, schedule, fields))
+@register("muon", decays_weights=True, groups_only=True)
+def muon(learning_rate, fields) -> optax.GradientTransformation:
+  """Momentum orthogonalised by Newton-Schulz per kernel, weight decay decoupled (as
+  optax.contrib.muon), kernels renormalised where `normalize_weights` (airbench's Muon)."""
+  chain = [
+    scale_by_muon(
+      ns_steps=fields.ns_steps,
+      beta=fields.momentum,
+      nesterov=fields.nesterov,
+      weight_dimension_numbers=lambda updates: jax.tree.map(_kernel_matrix, updates),
+    )
+  ]
+  if fields.weight_decay:
+    chain.append(optax.add_decayed_weights(fields.weight_decay))
+  chain.append(optax.scale_by_learning_rate(learning_rate))
+  if fields.normalize_weights:
+    chain.append(renormalize_weights())
+  return optax.chain(*chain)
+
+
+@register("frozen", decays_weights=True, groups_only=True)
+def frozen(learning_rate, fields) -> optax.GradientTransformation:
+  """Never updated."""
+  del learning_rate, fields
+  return optax.set_to_zero()
+
+
+def _transforms(fields, schedule, mask=None) -> list[optax.GradientTransformation]:
+  """The optimizer `fields.optimizer` names, after `fields.weight_decay` (L2, added to the
+  gradient; on `mask`'s parameters) unless it decays weights itself."""
+  make = OPTIMIZERS.get(fields.optimizer)
+  decay = fields.weight_decay and not OPTIMIZERS.options[fields.optimizer].get("decays_weights")
+  return [*([optax.add_decayed_weights(fields.weight_decay, mask=mask)] if decay else []),
+          make(schedule, fields)]  # fmt: skip
+
+
+GROUP_FIELDS = ("train_fraction", "ns_steps", "normalize_weights")  # a group's own
 
 
 def group_fields(config: ml_collections.ConfigDict) -> dict:
   """{group name: its fields, the config's values filling what the group leaves unset}."""
+  scalars = {k: v for k, v in config.items() if not isinstance(v, ml_collections.ConfigDict)}
   defaults = dict(
-    optimizer=config.optimizer,
-    momentum=config.momentum,
-    nesterov=config.nesterov,
-    weight_decay=config.weight_decay,
-    rms_decay=config.rms_decay,
-    rms_eps=config.rms_eps,
-    rms_eps_in_sqrt=config.rms_eps_in_sqrt,
+    scalars,  # any optimizer's fields, a fork's too
     train_fraction=1.0,
     ns_steps=5,
     normalize_weights=False,
@@ -144,7 +167,7 @@ def group_fields(config: ml_collections.ConfigDict) -> dict:
       raise UserError(
         f"param_groups.{name}: "
         + (f"unknown fields {sorted(unknown)}" if unknown else "needs a `match` pattern")
-        + f"; a group has match and any of {', '.join(sorted(defaults))}"
+        + f"; a group has match and any of the config's fields or {', '.join(GROUP_FIELDS)}"
       )
     groups[name] = ml_collections.ConfigDict({**defaults, **group.to_dict()})
   return groups
@@ -186,9 +209,7 @@ def create_optimizer(
   chain = []
   if config.grad_clip_norm:
     chain.append(optax.clip_by_global_norm(config.grad_clip_norm))
-  default = [_base(config.optimizer, schedule, config)]
-  if config.weight_decay:
-    default.insert(0, optax.add_decayed_weights(config.weight_decay, mask=_kernels_only))
+  default = _transforms(config, schedule, mask=_kernels_only)
   if not config.param_groups:
     return optax.chain(*chain, *default)
   transforms = {DEFAULT: optax.chain(*default)}
@@ -197,7 +218,9 @@ def create_optimizer(
     group_schedule = learning_rate_schedule(config, steps_per_epoch, steps, fields.learning_rate)
     if fields.train_fraction < 1:  # 0 once its share of training is over
       group_schedule = _until(group_schedule, steps)
-    transforms[name] = _group(fields, group_schedule)
+    group = _transforms(fields, group_schedule)
+    decays_itself = OPTIMIZERS.options[fields.optimizer].get("decays_weights")
+    transforms[name] = group[0] if decays_itself else optax.chain(*group)
   tx = optax.multi_transform(transforms, lambda params: labels(config, params))
   return optax.chain(*chain, tx)
 

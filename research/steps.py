@@ -15,8 +15,11 @@ from flax.training import train_state
 from jax import lax
 
 from research import cpu_forms
+from research.errors import UserError
 
-AXIS = "devices"  # the one pmap axis: every lax.pmean/psum and every BatchNorm names it
+# The one pmap axis: every lax.pmean/psum and every BatchNorm names it. 'batch', as flax's
+# examples name theirs: a model copied from them runs as written.
+AXIS = "batch"
 
 
 class TrainState(train_state.TrainState):
@@ -215,6 +218,31 @@ def zero_totals(preprocess):
   """Eval totals before the first batch: the structure `eval_sums` returns, all zeros."""
   names = ("loss_sum", "correct", "count") + (("correct_first_view",) if preprocess.weights else ())
   return {name: jnp.float32(0) for name in names}
+
+
+def check_axes(model, state, image_shape, name: str) -> None:
+  """A user error, before anything is written, for a model that names an axis the step does
+  not have: its training forward pass traced (not compiled) under the step's axis."""
+  variables = {"params": state.params, "batch_stats": state.batch_stats}
+
+  def forward(images):
+    return model.apply(
+      variables,
+      images,
+      train=True,
+      rngs={"dropout": jax.random.key(0)},
+      mutable=["batch_stats", "intermediates"],
+    )
+
+  images = jax.ShapeDtypeStruct((1, 2, *image_shape), jnp.float32)  # [devices, batch, H, W, C]
+  try:
+    jax.eval_shape(jax.vmap(forward, axis_name=AXIS), images)
+  except NameError as e:
+    raise UserError(
+      f"model {name!r} averages over an axis the training step does not have ({e}); the "
+      f"step's axis is {AXIS!r} (research.steps.AXIS): name that one in BatchNorm's "
+      "axis_name, or use the axis_name research.models passes to create()"
+    ) from None
 
 
 def create_train_state(rng, config, model, image_shape, tx) -> TrainState:

@@ -25,7 +25,7 @@ import ml_collections
 import numpy as np
 import tqdm
 
-from research import checkpoint, models, optim, steps, trained, validate
+from research import checkpoint, losses, models, optim, steps, trained, validate
 from research import inputs as inputs_lib
 from research import workdir as workdir_lib
 from research.errors import UserError
@@ -69,6 +69,7 @@ def setup(config: ml_collections.ConfigDict) -> Training:
   model_input = jax.eval_shape(checked.augment, init_key, example)  # what the model sees
   # tx.init labels the parameters: a parameter group that matches none is an error here
   state = create_train_state(init_key, config, model, model_input.shape[1:], tx)
+  steps.check_axes(model, state, model_input.shape[1:], config.model.name)
   micro_batch = steps.micro_batch_size(
     config.micro_batch_size,
     checked.per_device_batch,
@@ -79,7 +80,7 @@ def setup(config: ml_collections.ConfigDict) -> Training:
     steps.train_step,
     gather=inputs.gather,
     augment=checked.augment,
-    loss=functools.partial(models.loss(config.model), config=config),
+    loss=functools.partial(losses.LOSSES.get(config.loss), config=config),
     num_classes=config.model.num_classes,
     micro_batch=micro_batch,
     loss_scale=config.batch_size if config.loss_reduction == "sum" else 1.0,

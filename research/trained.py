@@ -113,6 +113,7 @@ def run_config(workdir: Path) -> ml_collections.ConfigDict:
     raise UserError(
       f"{workdir} holds a {config.get('experiment')!r} experiment, not a training run"
     )
+  configuration.import_modules(config)  # the fork's parts the run was trained with
   return config
 
 

@@ -14,8 +14,8 @@ from typing import NamedTuple
 import ml_collections
 
 from research import augment as augment_lib
-from research import models, optim
-from research.data import CLASSES, DATASETS, PLACEMENTS, check_num_classes
+from research import configuration, data, losses, models, optim
+from research.data import PLACEMENTS, check_num_classes
 from research.errors import UserError
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -128,7 +128,8 @@ def _param_groups(config) -> None:
       re.compile(fields.match)
     except (re.error, TypeError) as e:
       raise UserError(f"param_groups.{name}.match={fields.match!r} is not a regex: {e}") from None
-    _choice(f"param_groups.{name}.optimizer", fields.optimizer, optim.GROUP_OPTIMIZERS)
+    field = f"param_groups.{name}.optimizer"
+    optim.OPTIMIZERS.get(fields.optimizer, config.modules, field)
     _in_ranges(fields, GROUP_RANGES, prefix=f"param_groups.{name}.")
 
 
@@ -142,11 +143,12 @@ class Checked(NamedTuple):
 
 
 def train_config(config: ml_collections.ConfigDict, n_devices: int) -> Checked:
-  """Checks every field of a training config."""
-  _choice("dataset", config.dataset, DATASETS)
+  """Checks every field of a training config (after importing its `modules`)."""
+  configuration.import_modules(config)
+  data.check_name(config)
   _choice("data_placement", config.data_placement, PLACEMENTS)
-  if config.dataset in CLASSES:
-    check_num_classes(config.dataset, CLASSES[config.dataset], config.model.num_classes)
+  if classes := data.known_classes(config.dataset):
+    check_num_classes(config.dataset, classes, config.model.num_classes)
   if config.dataset == "synthetic" and config.data_dir:
     raise UserError(
       f"data_dir={config.data_dir!r} is set but dataset='synthetic' reads no files; to train "
@@ -168,7 +170,8 @@ def train_config(config: ml_collections.ConfigDict, n_devices: int) -> Checked:
   if config.model.dtype not in DTYPES:
     hint = f"; say {aliases[config.model.dtype]!r}" if config.model.dtype in aliases else ""
     raise UserError(f"model.dtype={config.model.dtype!r} is not one of {', '.join(DTYPES)}{hint}")
-  _choice("model.name", config.model.name, models.available())
+  models.MODELS.get(config.model.name, config.modules)
+  losses.LOSSES.get(config.loss, config.modules)
   _in_ranges(config.model, [r for r in MODEL_RANGES if r[0] in config.model], "model.")
   profile = tuple(config.profile_steps)
   if profile and not (
@@ -194,7 +197,15 @@ def train_config(config: ml_collections.ConfigDict, n_devices: int) -> Checked:
       f"({', '.join(sorted(augment_lib.VALUE_OPS))})"
     )
   _choice("schedule", config.schedule, optim.SCHEDULES)
-  _choice("optimizer", config.optimizer, optim.OPTIMIZERS)
+  optim.OPTIMIZERS.get(config.optimizer, config.modules)
+  if optim.OPTIMIZERS.options[config.optimizer].get("groups_only"):
+    raise UserError(
+      f"optimizer={config.optimizer!r} is for parameter groups (param_groups.NAME.optimizer); "
+      "the config's own optimizer is one of "
+      + ", ".join(
+        n for n in optim.OPTIMIZERS.names() if not optim.OPTIMIZERS.options[n].get("groups_only")
+      )
+    )
   _choice("loss_reduction", config.loss_reduction, ("mean", "sum"))
   _param_groups(config)
   per_device_batch = batch_sizes(config, n_devices)

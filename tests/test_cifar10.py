@@ -7,7 +7,8 @@ import pytest
 import tensorflow_datasets as tfds
 
 from research import configuration
-from research.data import cifar10, load
+from research import data as data_lib
+from research.data import cifar10
 from research.errors import UserError
 
 
@@ -83,7 +84,7 @@ def test_without_cifar10_the_default_config_trains_on_synthetic_data_and_says_wh
   monkeypatch.setattr(cifar10, "URL", "file:///nonexistent/cifar-10-python.tar.gz")
   monkeypatch.setenv("HOME", str(tmp_path))  # no ~/tensorflow_datasets either
   config = configuration.load("configs/cifar_vgg.py")  # dataset=cifar10, data_fallback=True
-  data = load.load_in_memory(config)
+  data = data_lib.load(config)
   assert data.name == "synthetic" and len(data.train_labels) == 50_000
   assert "download failed" in data.fallback_reason
   assert (

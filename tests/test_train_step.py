@@ -13,7 +13,7 @@ import optax
 import pytest
 from jax import lax
 
-from research import augment, configuration, cpu_forms, inputs, models, steps
+from research import augment, configuration, cpu_forms, inputs, losses, models, steps
 from research.data import ImageDataset
 from research.placement import first_replica, replicate
 from research.steps import AXIS, create_train_state, train_step
@@ -33,12 +33,12 @@ def _as_given(step, batch):
   return steps.Examples(*batch)
 
 
-def _loss(label_smoothing=0.0, aux_loss_weight=0.0, model="vgg"):
-  """The loss a config of `model` with these fields trains by."""
+def _loss(label_smoothing=0.0, aux_loss_weight=0.0, name="cross_entropy"):
+  """The registered loss `name` with these config fields."""
   config = ml_collections.ConfigDict(
     dict(label_smoothing=label_smoothing, aux_loss_weight=aux_loss_weight)
   )
-  return functools.partial(models.loss(ml_collections.ConfigDict({"name": model})), config=config)
+  return functools.partial(losses.LOSSES.get(name), config=config)
 
 
 def _one_step(state, images_u8, labels, n_devices, loss=None, augmentation="crop(4)|flip_lr"):
@@ -105,7 +105,7 @@ class _TwoHeads(flax.linen.Module):
 
 def test_the_auxiliary_head_trains_by_its_loss_weight_and_leaves_the_main_head_alone(batch):
   state = create_train_state(jax.random.key(0), None, _TwoHeads(), (32, 32, 3), optax.sgd(0.1))
-  inception = functools.partial(_loss, model="inception_v3")  # the model module's own loss
+  inception = functools.partial(_loss, name="auxiliary_cross_entropy")  # Inception's config's
   off, metrics_off = _one_step(state, *batch, n_devices=8, loss=inception(aux_loss_weight=0.0))
   on, metrics_on = _one_step(state, *batch, n_devices=8, loss=inception(aux_loss_weight=0.4))
   unchanged = jax.tree.map(np.array_equal, off.params["aux_head"], state.params["aux_head"])

@@ -1,4 +1,7 @@
-"""Data sources. In-memory datasets (CIFAR-sized) come back whole as uint8 arrays."""
+"""Data sources. Datasets held whole in memory (CIFAR-sized) are found by name: `config.dataset`
+names one registered with `@research.data.register("name")` on `load(config) -> ImageDataset`
+(uint8 arrays, checked by `load` below), here or in a fork's module of `config.modules`.
+Image folders (`folder`) and TFDS datasets that stream (STREAMED) are read by their modules."""
 
 import dataclasses
 import hashlib
@@ -8,12 +11,14 @@ from pathlib import Path
 import numpy as np
 
 from research.errors import UserError
+from research.registry import Registry
 
-IN_MEMORY = ("cifar10", "synthetic")  # loaded whole by research/data/load.py
 STREAMED = ("imagenet2012", "imagenette")  # tfds array_record, research/data/streaming.py
-DATASETS = (*IN_MEMORY, *STREAMED, "folder")  # folder: resident or streamed (data_placement)
+READ = (*STREAMED, "folder")  # read by their modules; folder: resident or streamed
 PLACEMENTS = ("auto", "resident", "streamed")
-CLASSES = {"cifar10": 10, "imagenet2012": 1000, "imagenette": 10}  # a folder's: its directories
+STREAMED_CLASSES = {"imagenet2012": 1000, "imagenette": 10}  # a folder's: its directories
+DATASETS = Registry("dataset", "dataset")
+register = DATASETS.register  # register(name, num_classes=N): N checked before loading
 CIFAR10_NAMES = (
   "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"
 )  # fmt: skip
@@ -65,3 +70,48 @@ def check_num_classes(where: str, classes: int, num_classes: int) -> None:
       f"{where} has {classes} classes but model.num_classes={num_classes}; "
       f"pass --config.model.num_classes={classes}"
     )
+
+
+def known_classes(dataset: str) -> int | None:
+  """The class count of `dataset` where known before it is loaded."""
+  if dataset in DATASETS.parts:
+    return DATASETS.options[dataset].get("num_classes")
+  return STREAMED_CLASSES.get(dataset)
+
+
+def check_name(config) -> None:
+  """A user error unless `config.dataset` is registered or read by its module."""
+  if config.dataset not in READ and config.dataset not in DATASETS.parts:
+    message = DATASETS.unknown(config.dataset, config.modules)
+    raise UserError(message.replace(": ", f": {', '.join(READ)}, ", 1))
+
+
+def load(config) -> ImageDataset:
+  """The registered dataset `config.dataset`, whole on the host, checked: uint8 images
+  [N, H, W, C] of one size in both splits, int labels of the model's classes."""
+  data = DATASETS.get(config.dataset, config.modules)(config)
+  where = f"dataset {config.dataset!r}"
+  if not isinstance(data, ImageDataset):
+    raise UserError(f"{where} loaded {type(data).__name__}, not a research.data.ImageDataset")
+  for split in ("train", "test"):
+    images, labels = getattr(data, f"{split}_images"), getattr(data, f"{split}_labels")
+    if not (isinstance(images, np.ndarray) and images.dtype == np.uint8 and images.ndim == 4):
+      raise UserError(f"{where}: {split}_images must be a uint8 array [N, H, W, C]")
+    if images.shape[1:] != data.train_images.shape[1:]:
+      raise UserError(
+        f"{where}: test images {images.shape[1:]} are not the train images' "
+        f"{data.train_images.shape[1:]}"
+      )
+    labels = np.asarray(labels)
+    if labels.shape != (len(images),) or not np.issubdtype(labels.dtype, np.integer):
+      raise UserError(f"{where}: {split}_labels must be {len(images)} integers, one per image")
+    if len(labels) and not 0 <= labels.min() <= labels.max() < data.num_classes:
+      raise UserError(f"{where}: {split}_labels must lie in [0, {data.num_classes})")
+    setattr(data, f"{split}_labels", labels.astype(np.int32))
+  if data.name != "synthetic":  # a synthetic stand-in has the labels the model has
+    check_num_classes(where, data.num_classes, config.model.num_classes)
+  return data
+
+
+# The shipped datasets register themselves on import.
+from research.data import cifar10, synthetic  # noqa: E402, F401

@@ -8,7 +8,7 @@ handful of steps. Deterministic in `seed`.
 
 import numpy as np
 
-from research.data import ImageDataset
+from research.data import ImageDataset, register
 
 CLASSES = 10  # at most: a model with fewer outputs gets as many
 
@@ -51,5 +51,23 @@ def make(
     test_images=_images(rng, templates, test_labels, noise),
     test_labels=test_labels,
     num_classes=num_classes,
+    fallback_reason=fallback_reason,
+  )
+
+
+@register("synthetic")
+def load(config) -> ImageDataset:
+  """`make` with the config's sizes, noise and seed."""
+  return from_config(config, config.synthetic_train_size, config.synthetic_test_size)
+
+
+def from_config(config, train_size: int, test_size: int, fallback_reason: str = ""):
+  return make(
+    train_size,
+    test_size,
+    num_classes=min(config.model.num_classes, CLASSES),  # labels the model has
+    image_size=config.synthetic_image_size,
+    noise=config.synthetic_noise,
+    seed=config.seed,
     fallback_reason=fallback_reason,
   )

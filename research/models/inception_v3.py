@@ -11,11 +11,12 @@ model_config fields:
   num_classes; dtype ('float32' | 'bfloat16': compute dtype — params and BatchNorm statistics
   stay float32, logits are returned in float32); aux_logits (the auxiliary classifier on the
   17×17 features, as in TF-slim; in training its logits are sown as `intermediates`
-  `auxiliary_logits` and `loss` adds their cross-entropy weighted by the config's
-  `aux_loss_weight`, 0.4 in the reference); dropout_rate (0.2 = slim's keep probability 0.8);
-  bn_momentum (0.9997 as slim; Keras uses 0.99); width (channel multiplier,
-  1.0 = the reference; smaller only for tests); blocks (how many Inception-A, -B and -C
-  blocks: (3, 4, 2) is the reference; fewer, each type still present, only for tests).
+  `auxiliary_logits`, and the loss `auxiliary_cross_entropy` adds their cross-entropy
+  weighted by the config's `aux_loss_weight`, 0.4 in the reference); dropout_rate (0.2 =
+  slim's keep probability 0.8); bn_momentum (0.9997 as slim; Keras uses 0.99); width
+  (channel multiplier, 1.0 = the reference; smaller only for tests); blocks (how many
+  Inception-A, -B and -C blocks: (3, 4, 2) is the reference; fewer, each type still present,
+  only for tests).
 """
 
 import functools
@@ -24,8 +25,8 @@ import flax.linen as nn
 import jax.numpy as jnp
 import ml_collections
 
+from research import models
 from research.errors import UserError
-from research.models import cross_entropy
 
 
 class ConvBN(nn.Module):
@@ -192,14 +193,7 @@ class InceptionV3(nn.Module):
     return logits
 
 
-def loss(logits, targets, intermediates, config):
-  """Cross-entropy of the logits plus `config.aux_loss_weight` × that of the auxiliary head."""
-  losses = cross_entropy(logits, targets, intermediates, config)
-  for aux_logits in intermediates.get("auxiliary_logits", ()):  # with model.aux_logits
-    losses += config.aux_loss_weight * cross_entropy(aux_logits, targets, intermediates, config)
-  return losses
-
-
+@models.register("inception_v3")
 def create(model_config: ml_collections.ConfigDict, axis_name: str | None) -> nn.Module:
   return InceptionV3(
     num_classes=model_config.num_classes,

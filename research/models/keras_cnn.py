@@ -9,6 +9,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 import ml_collections
 
+from research import models
 from research.cpu_forms import max_pool  # nn.max_pool, its gradient faster on CPU
 
 
@@ -30,6 +31,7 @@ class KerasCNN(nn.Module):
     return nn.Dense(self.num_classes, dtype=self.dtype)(x)
 
 
+@models.register("keras_cnn")
 def create(model_config: ml_collections.ConfigDict, axis_name: str | None) -> nn.Module:
   del axis_name  # no BatchNorm
   return KerasCNN(num_classes=model_config.num_classes, dtype=jnp.dtype(model_config.dtype))

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from research import models
 from research.cpu_forms import max_pool  # nn.max_pool, its gradient faster on CPU
 
 WHITEN = 2  # pixels per side of the whitening patches
@@ -116,6 +117,7 @@ def init_from_data(model_config, params, images: np.ndarray):
   return {**params, "whiten": whiten}
 
 
+@models.register("speedrun")
 def create(model_config: ml_collections.ConfigDict, axis_name: str | None) -> nn.Module:
   return SpeedrunNet(
     num_classes=model_config.num_classes,

@@ -11,6 +11,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 import ml_collections
 
+from research import models
 from research.cpu_forms import max_pool  # nn.max_pool, its gradient faster on CPU
 from research.errors import UserError
 
@@ -53,6 +54,7 @@ class VGG(nn.Module):
     return nn.Dense(self.num_classes, dtype=self.dtype)(x)
 
 
+@models.register("vgg")
 def create(model_config: ml_collections.ConfigDict, axis_name: str | None) -> nn.Module:
   if model_config.depth not in STAGES:
     raise UserError(f"model.depth={model_config.depth} is not one of {sorted(STAGES)}")
