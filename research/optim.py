@@ -141,10 +141,10 @@ def frozen(learning_rate, fields) -> optax.GradientTransformation:
 def _transforms(fields, schedule, mask=None) -> list[optax.GradientTransformation]:
   """The optimizer `fields.optimizer` names, after `fields.weight_decay` (L2, added to the
   gradient; on `mask`'s parameters) unless it decays weights itself."""
-  make = OPTIMIZERS.get(fields.optimizer)
-  decay = fields.weight_decay and not OPTIMIZERS.options[fields.optimizer].get("decays_weights")
-  return [*([optax.add_decayed_weights(fields.weight_decay, mask=mask)] if decay else []),
-          make(schedule, fields)]  # fmt: skip
+  transforms = [OPTIMIZERS.get(fields.optimizer)(schedule, fields)]
+  if fields.weight_decay and not OPTIMIZERS.options[fields.optimizer].get("decays_weights"):
+    transforms.insert(0, optax.add_decayed_weights(fields.weight_decay, mask=mask))
+  return transforms
 
 
 GROUP_FIELDS = ("train_fraction", "ns_steps", "normalize_weights")  # a group's own
