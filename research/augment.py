@@ -33,7 +33,6 @@ weight drawn from its own key, and its target mixed with exactly the weights of 
 """
 
 import ast
-import difflib
 import functools
 import inspect
 from collections.abc import Callable
@@ -527,12 +526,7 @@ def parse(spec: str) -> list[Step]:
       )
     name = call.func.id
     if name not in OPS.parts:
-      near = difflib.get_close_matches(name, OPS.names(), n=1)
-      hint = f" (did you mean {near[0]!r}?)" if near else ""
-      raise UserError(
-        f"augmentation op {part!r} is unknown{hint}; available: {', '.join(OPS.names())}; a "
-        "fork registers its own in a module named in config.modules (docs/extending.md)"
-      )
+      raise UserError(f"augmentation op {part!r} is unknown{OPS.choices(name)}")
     if name in _WINDOW_OPS and steps:
       raise UserError(f"augmentation op {part!r} must be first: ops before it would see padding")
     if steps and isinstance(steps[-1].op, Views):

@@ -219,6 +219,8 @@ def create_optimizer(
     if fields.train_fraction < 1:  # 0 once its share of training is over
       group_schedule = _until(group_schedule, steps)
     group = _transforms(fields, group_schedule)
+    # Chained as before the registry, so the optimizer state keeps its layout and earlier
+    # runs' checkpoints restore: muon and frozen alone, the others in a chain.
     decays_itself = OPTIMIZERS.options[fields.optimizer].get("decays_weights")
     transforms[name] = group[0] if decays_itself else optax.chain(*group)
   tx = optax.multi_transform(transforms, lambda params: labels(config, params))

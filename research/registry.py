@@ -48,17 +48,23 @@ class Registry:
       raise UserError(self.unknown(name, modules, field))
     return self.parts[name]
 
-  def unknown(self, name: str, modules=(), field: str = "") -> str:
-    """The message for a `name` nothing registered."""
+  def unknown(self, name: str, modules=(), field: str = "", also=()) -> str:
+    """The message for a `name` nothing registered (`also`: names accepted besides)."""
+    kind = f"{field or self.field}={name!r} is not a registered {self.kind}"
+    return kind + self.choices(name, modules, also)
+
+  def choices(self, name: str, modules=(), also=()) -> str:
+    """' (did you mean …?): the names; how to add one' after an unknown `name`: where the
+    config names no `modules`, how a fork adds one, else which registered nothing of it."""
+    names = [*also, *self.names()]
+    near = difflib.get_close_matches(str(name), names, n=1)
+    near = f" (did you mean {near[0]!r}?)" if near else ""
     hint = (
       f"; modules {', '.join(modules)} registered no {name!r}"
       if modules
       else "; a fork registers its own in a module named in config.modules (docs/extending.md)"
     )
-    near = difflib.get_close_matches(str(name), self.names(), n=1)
-    near = f" (did you mean {near[0]!r}?)" if near else ""
-    names = ", ".join(self.names())
-    return f"{field or self.field}={name!r} is not a registered {self.kind}{near}: {names}{hint}"
+    return f"{near}: {', '.join(names)}{hint}"
 
 
 def _origin(part) -> tuple:

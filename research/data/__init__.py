@@ -82,8 +82,7 @@ def known_classes(dataset: str) -> int | None:
 def check_name(config) -> None:
   """A user error unless `config.dataset` is registered or read by its module."""
   if config.dataset not in READ and config.dataset not in DATASETS.parts:
-    message = DATASETS.unknown(config.dataset, config.modules)
-    raise UserError(message.replace(": ", f": {', '.join(READ)}, ", 1))
+    raise UserError(DATASETS.unknown(config.dataset, config.modules, also=READ))
 
 
 def load(config) -> ImageDataset:
