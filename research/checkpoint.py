@@ -22,7 +22,7 @@ from flax import serialization, traverse_util
 from jax.experimental import multihost_utils
 
 from research.errors import UserError
-from research.placement import wait_for_all
+from research.inputs import wait_for_all
 
 
 def _layout(tree) -> dict:

@@ -9,19 +9,24 @@ Two kinds, one interface (`Inputs`):
     before trains). Device d of N takes positions [d·b, (d+1)·b) of each global batch.
   - streamed (ImageNet-sized): host workers decode fixed-size uint8 batches
     (research/data/streaming.py) that are prefetched to the devices while the step before runs.
-The sources in research/data/ yield host arrays; this module is the device side of both.
+The sources in research/data/ yield host arrays; this module is the device side of both, and
+at its end the placement every part of a run uses: arrays to and from the devices.
 """
 
 import collections
 import dataclasses
 import functools
+import gc
+import hashlib
 import itertools
+import json
 from collections.abc import Callable, Iterator
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.experimental import multihost_utils
 
 from research import data as data_lib
 from research import environment, steps
@@ -34,14 +39,6 @@ from research.data import (
   folder,
 )
 from research.errors import UserError
-from research.placement import (
-  first_replica,
-  pad_for_eval,
-  replicate,
-  to_devices,
-  upload_shards,
-  upload_whole,
-)
 from research.steps import AXIS
 
 
@@ -425,3 +422,89 @@ def streamed(config, per_device_batch: int, preprocess, step_key, scanned=None) 
     summary=folder.summary(scanned, None) if scanned else "",
     layout="streamed, every process reading its part of one global order",
   )
+
+
+# --- placement: arrays between the host and the pmapped devices, in one or many processes ---------
+def to_devices(local, devices=None):
+  """This process's rows of a pmapped array ([local_devices, ...]) as one global jax.Array.
+
+  pmap takes arrays sharded over its devices along the leading axis; building the global
+  array explicitly lets the same code (and the AOT-compiled step) serve one or many processes.
+  """
+  mesh = jax.sharding.Mesh(np.array(devices or jax.devices()), (AXIS,))
+  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(AXIS))
+  return jax.make_array_from_process_local_data(sharding, np.ascontiguousarray(local))
+
+
+def upload_shards(arrays, per_device: int, rows=None):
+  """Puts this process's blocks of `arrays` on its devices: [devices, per_device, ...].
+
+  Device d (of all processes') holds rows d * per_device, ... of the arrays as `rows` (an
+  index array) orders them; None keeps their order.
+  """
+  n_local = jax.local_device_count()
+  start = jax.process_index() * n_local * per_device
+  take = slice(start, start + n_local * per_device)
+  blocks = (a[take] if rows is None else a[rows[take]] for a in arrays)
+  on_devices = tuple(to_devices(b.reshape(n_local, per_device, *b.shape[1:])) for b in blocks)
+  gc.collect()  # the host copies `rows` made (a whole split) are held in a reference cycle
+  return on_devices
+
+
+def upload_whole(arrays):
+  """Puts the whole of each of `arrays` on every device: [devices, n, ...], one host-to-device
+  copy per local device from the same host array (no host copy per device)."""
+  mesh = jax.sharding.Mesh(np.array(jax.devices()), (AXIS,))
+  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(AXIS))
+
+  def whole(a):
+    one = np.ascontiguousarray(a)[None]  # [1, n, ...]: a view
+    copies = [jax.device_put(one, d) for d in jax.local_devices()]
+    return jax.make_array_from_single_device_arrays(
+      (jax.device_count(), *a.shape), sharding, copies
+    )
+
+  return tuple(whole(a) for a in arrays)
+
+
+def pad_for_eval(images, labels, global_batch: int):
+  """Pads the test split to whole global batches; the mask marks the real examples."""
+  n = len(labels)
+  padded = -(-n // global_batch) * global_batch
+  pad = lambda a: np.concatenate([a, np.zeros((padded - n, *a.shape[1:]), a.dtype)])
+  return pad(images), pad(labels), (np.arange(padded) < n).astype(np.float32)
+
+
+def replicate(tree, devices=None):
+  """One copy per device (default: all), laid out as pmap expects: [devices, ...]."""
+  n_local = len(devices) if devices else jax.local_device_count()
+  return jax.tree.map(
+    lambda x: to_devices(np.broadcast_to(x, (n_local, *np.shape(x))), devices), tree
+  )
+
+
+def first_replica(tree):
+  """The copy on this process's first device, fetched to host (no cross-device gather): all
+  leaves' copies start at once, then are awaited."""
+  on_device = jax.tree.map(lambda x: x.addressable_shards[0].data, tree)
+  return jax.tree.map(lambda x: x[0], jax.device_get(on_device))
+
+
+def same_in_every_process(value) -> bool:
+  """Whether `value` (what JSON writes) is the same in every process of the run: one
+  all-gather of a 4-byte digest; at once True for one process."""
+  if jax.process_count() == 1:
+    return True
+  digest = hashlib.sha256(json.dumps(value, sort_keys=True).encode()).digest()
+  digests = multihost_utils.process_allgather(np.frombuffer(digest[:4], np.int32)[0])
+  return len(set(digests.tolist())) == 1
+
+
+def wait_for_all(name: str, timeout_sec: int = 1800) -> None:
+  """Every process reaches this point before any goes on, through jax.distributed's service
+  (no collective: the first collective of a set of devices gives up after 30 s if a process
+  is that late, as one that compiles slower or without a cached program is)."""
+  if jax.process_count() > 1:
+    from jax._src import distributed  # its client; JAX offers no public barrier without devices
+
+    distributed.global_state.client.wait_at_barrier(name, timeout_sec * 1000)

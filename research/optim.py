@@ -203,9 +203,15 @@ def _leaves(params):
 
 
 def create_optimizer(
-  config: ml_collections.ConfigDict, steps_per_epoch: int, num_steps: int
+  config: ml_collections.ConfigDict,
+  steps_per_epoch: int,
+  num_steps: int,
+  schedule=None,
+  groups=None,
 ) -> optax.GradientTransformation:
-  schedule = learning_rate_schedule(config, steps_per_epoch, num_steps)
+  """The config's optimizer; `schedule` and `groups` (group_fields) where already built."""
+  schedule = schedule or learning_rate_schedule(config, steps_per_epoch, num_steps)
+  groups = group_fields(config) if groups is None else groups
   chain = []
   if config.grad_clip_norm:
     chain.append(optax.clip_by_global_norm(config.grad_clip_norm))
@@ -213,7 +219,7 @@ def create_optimizer(
   if not config.param_groups:
     return optax.chain(*chain, *default)
   transforms = {DEFAULT: optax.chain(*default)}
-  for name, fields in group_fields(config).items():
+  for name, fields in groups.items():
     steps = max(1, round(fields.train_fraction * num_steps))
     group_schedule = learning_rate_schedule(config, steps_per_epoch, steps, fields.learning_rate)
     if fields.train_fraction < 1:  # 0 once its share of training is over

@@ -2,9 +2,12 @@
 
 `jax.pmap` wraps them in research/train.py. Every collective names `AXIS`. The step takes its
 examples from its batch with the data's `gather` (research/inputs.py): a device-resident
-shard it gathers from, or a batch host workers decoded and prefetched.
+shard it gathers from, or a batch host workers decoded and prefetched. At its end: the forms
+the step traces any model's convolutions and max-pools in on XLA:CPU.
 """
 
+import contextlib
+import functools
 from typing import Any, NamedTuple
 
 import flax.linen as nn
@@ -14,7 +17,6 @@ import optax
 from flax.training import train_state
 from jax import lax
 
-from research import cpu_forms
 from research.errors import UserError
 
 # The one pmap axis: every lax.pmean/psum and every BatchNorm names it. 'batch', as flax's
@@ -123,7 +125,7 @@ def train_step(
 
   def loss_fn(params, batch_stats, part):
     # The model as written; from outside it, dropout per example and (on CPU) the CPU forms.
-    with dropout_per_example(positions[part]), cpu_forms.applied():
+    with dropout_per_example(positions[part]), cpu_forms_applied():
       logits, updates = state.apply_fn(
         {"params": params, "batch_stats": batch_stats},
         images[part],
@@ -186,7 +188,7 @@ def eval_logits(state, images_u8, sizes=None, *, preprocess):
   images = preprocess(jax.random.key(0), images_u8, sizes)  # deterministic ops only
 
   def apply(x):
-    with cpu_forms.applied():
+    with cpu_forms_applied():
       logits = state.apply_fn(
         {"params": state.params, "batch_stats": state.batch_stats}, x, train=False
       )
@@ -270,3 +272,212 @@ def create_train_state(rng, config, model, image_shape, tx) -> TrainState:
     batch_stats=variables.get("batch_stats", {}),
   )
   return jax.device_get(state)
+
+
+# --- CPU forms ------------------------------------------------------------------------------------
+# Forms of convolution (and of max-pool's gradient) that run faster on XLA:CPU, applied to
+# any flax model from outside it.
+#
+# On CPU (tests, smoke runs, CI, laptops) the step traces its model inside
+# `cpu_forms_applied()`: every `nn.Conv` then takes another form of the same computation where
+# XLA:CPU's own is slow (flax's `nn.intercept_methods` hands it this module's
+# `conv_general_dilated`); each form has the same values and gradients to float rounding
+# (tests/test_train_step.py) and is kept only while it gains at least 5% in a shipped default
+# step (docs/cpu_step.md says why each is faster; BENCHMARKS.md, what each gains). Elsewhere
+# (cuDNN on GPU) nothing changes.
+#
+# - kernel_gradient: the kernel's gradient is one matrix product, the kh × kw shifted views
+#   of the padded input stacked channels-first times the output gradient, where XLA:CPU runs a
+#   convolution over batch × height × width. Dilated, grouped or non-NHWC convolutions use XLA's.
+# - small_input: a convolution whose kernel is larger than its input (3×3 on 2×2) is the same
+#   product of views, where XLA:CPU runs a generic loop.
+# - max_pool_gradient: the gradient of a non-overlapping max-pool is a select per window,
+#   where XLA:CPU scatters through index arrays.
+#
+# `without_cpu_forms(*forms)` traces models with XLA's own ops instead (the benchmarks' baseline).
+NHWC = ("NHWC", "HWIO", "NHWC")
+
+
+def _patches(lhs, kernel_hw, strides, pads):
+  """The input pixels each kernel tap multiplies, stacked channels-first: [kh*kw*C, B, Ho, Wo].
+
+  The input is moved channels-first by a product with the identity (exact: each output is one
+  input times 1 plus zeros; an inf would make NaNs of its pixel's other channels). XLA never
+  fuses a product into its consumers, so the input is transposed once and each tap is a plain
+  slice of it; XLA:CPU fuses a transpose into every slice instead.
+  """
+  (kh, kw), (sh, sw) = kernel_hw, strides
+  no_pad = (0, 0, 0)
+  padded = lax.pad(lhs, jnp.zeros((), lhs.dtype), [no_pad, (*pads[0], 0), (*pads[1], 0), no_pad])
+  b, h, w, c = padded.shape
+  eye = jnp.eye(c, dtype=lhs.dtype)
+  planes = lax.dot_general(eye, padded, (((1,), (3,)), ((), ())), precision="highest")  # [C,B,H,W]
+  ho, wo = (h - kh) // sh + 1, (w - kw) // sw + 1
+  views = [
+    lax.slice(
+      planes, (0, 0, i, j), (c, b, i + sh * (ho - 1) + 1, j + sw * (wo - 1) + 1), (1, 1, sh, sw)
+    )
+    for i in range(kh)
+    for j in range(kw)
+  ]
+  return views[0] if len(views) == 1 else lax.concatenate(views, 0)
+
+
+def _forward(lhs, rhs, strides, pads, precision):
+  """The convolution: XLA's, or for a kernel larger than the input the patches' product."""
+  kh, kw, channels, features = rhs.shape
+  small = lhs.shape[1] < kh or lhs.shape[2] < kw
+  if small and _uses("small_input"):
+    patches = _patches(lhs, (kh, kw), strides, pads)
+    kernel = rhs.reshape(kh * kw * channels, features)
+    return lax.dot_general(patches, kernel, (((0,), (0,)), ((), ())), precision=precision)
+  return lax.conv_general_dilated(
+    lhs, rhs, strides, pads, dimension_numbers=NHWC, precision=precision
+  )
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _conv(lhs, rhs, strides, pads, precision):
+  return _forward(lhs, rhs, strides, pads, precision)
+
+
+def _conv_fwd(lhs, rhs, strides, pads, precision):
+  return _forward(lhs, rhs, strides, pads, precision), (lhs, rhs)
+
+
+def _conv_bwd(strides, pads, precision, residuals, g):
+  lhs, rhs = residuals  # [B, H, W, C], [kh, kw, C, O]; g: [B, Ho, Wo, O]
+  _, input_vjp = jax.vjp(lambda x: _forward(x, rhs, strides, pads, precision), lhs)
+  (lhs_grad,) = input_vjp(g)  # XLA's transposed convolution (dead code for the first layer)
+  kh, kw, channels, features = rhs.shape
+  patches = _patches(lhs, (kh, kw), strides, pads)
+  rhs_grad = lax.dot_general(patches, g, (((1, 2, 3), (0, 1, 2)), ((), ())), precision=precision)
+  return lhs_grad, rhs_grad.reshape(kh, kw, channels, features).astype(rhs.dtype)
+
+
+_conv.defvjp(_conv_fwd, _conv_bwd)
+
+
+def conv_general_dilated(
+  lhs,
+  rhs,
+  window_strides,
+  padding,
+  lhs_dilation=None,
+  rhs_dilation=None,
+  dimension_numbers=None,
+  feature_group_count=1,
+  batch_group_count=1,
+  precision=None,
+  preferred_element_type=None,
+):
+  """`lax.conv_general_dilated` with the matrix-product kernel gradient where it applies."""
+  plain = (
+    lhs.ndim == 4
+    and all(d in (None, (1, 1)) for d in (lhs_dilation, rhs_dilation))
+    and feature_group_count == batch_group_count == 1
+    and preferred_element_type is None
+    and lax.conv_dimension_numbers(lhs.shape, rhs.shape, dimension_numbers)
+    == lax.conv_dimension_numbers(lhs.shape, rhs.shape, NHWC)
+  )
+  if not plain:
+    return lax.conv_general_dilated(
+      lhs,
+      rhs,
+      window_strides,
+      padding,
+      lhs_dilation,
+      rhs_dilation,
+      dimension_numbers,
+      feature_group_count,
+      batch_group_count,
+      precision,
+      preferred_element_type,
+    )
+  if isinstance(padding, str):
+    padding = lax.padtype_to_pads(lhs.shape[1:3], rhs.shape[:2], window_strides, padding)
+  pads = tuple(tuple(int(p) for p in pair) for pair in padding)
+  if not _uses("kernel_gradient"):  # XLA differentiates the forward form
+    return _forward(lhs, rhs, tuple(window_strides), pads, precision)
+  return _conv(lhs, rhs, tuple(window_strides), pads, precision)
+
+
+CPU_FORMS = ("kernel_gradient", "small_input", "max_pool_gradient")
+_off: set = set()  # forms switched off by `without_cpu_forms`
+
+
+def _uses(form: str) -> bool:
+  """Whether layers traced now use their CPU `form`: on CPU, unless `without_cpu_forms` is on."""
+  return jax.default_backend() == "cpu" and form not in _off
+
+
+def _conv_in_cpu_form(next_fun, args, kwargs, context):
+  """An interceptor (`nn.intercept_methods`): an `nn.Conv` that uses XLA's convolution runs
+  `conv_general_dilated` of this module instead; every other method call runs as it is."""
+  conv = context.module
+  plain = isinstance(conv, nn.Conv) and context.method_name == "__call__"
+  if not plain or conv.conv_general_dilated is not None or conv.conv_general_dilated_cls:
+    return next_fun(*args, **kwargs)
+  object.__setattr__(conv, "conv_general_dilated", conv_general_dilated)  # while it traces
+  try:
+    return next_fun(*args, **kwargs)
+  finally:
+    object.__setattr__(conv, "conv_general_dilated", None)
+
+
+def cpu_forms_applied():
+  """A context in which models trace with the CPU forms: on CPU, unless `without_cpu_forms` switched
+  them all off; elsewhere a context that changes nothing."""
+  if any(_uses(form) for form in ("kernel_gradient", "small_input")):
+    return nn.intercept_methods(_conv_in_cpu_form)
+  return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def without_cpu_forms(*forms: str):
+  """Models traced inside use XLA's own ops instead of these CPU forms (default: all of them):
+  the baselines the benchmarks measure the forms against."""
+  _off.update(forms or CPU_FORMS)
+  try:
+    yield
+  finally:
+    _off.clear()
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _max_pool(x, window: int):
+  return nn.max_pool(x, (window, window), strides=(window, window))
+
+
+def _max_pool_fwd(x, window):
+  y = _max_pool(x, window)
+  return y, (x, y)
+
+
+def _max_pool_bwd(window, residuals, g):
+  """The gradient goes to the first maximum of each window (row-major), as in XLA."""
+  x, y = residuals  # [B, H, W, C], [B, H // window, W // window, C]
+  b, ho, wo, c = y.shape
+  tiles = x[:, : ho * window, : wo * window].reshape(b, ho, window, wo, window, c)
+  taken = jnp.zeros(y.shape, bool)
+  grads = []
+  for i in range(window):
+    for j in range(window):
+      first = (tiles[:, :, i, :, j] == y) & ~taken
+      grads.append(jnp.where(first, g, jnp.zeros_like(g)))
+      taken |= first
+  tiles_grad = jnp.stack(grads, 3).reshape(b, ho, wo, window, window, c)  # [B,Ho,Wo,i,j,C]
+  x_grad = tiles_grad.transpose(0, 1, 3, 2, 4, 5).reshape(b, ho * window, wo * window, c)
+  pad = [(0, 0), (0, x.shape[1] - ho * window), (0, x.shape[2] - wo * window), (0, 0)]
+  return (jnp.pad(x_grad, pad),)
+
+
+_max_pool.defvjp(_max_pool_fwd, _max_pool_bwd)
+
+
+def max_pool(x, window: int):
+  """`nn.max_pool` with window = stride (non-overlapping), VALID; on CPU its gradient is a
+  select per window (`_max_pool_bwd`)."""
+  if _uses("max_pool_gradient"):
+    return _max_pool(x, window)
+  return nn.max_pool(x, (window, window), strides=(window, window))

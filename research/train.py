@@ -2,7 +2,8 @@
 
 `setup` builds what a run needs, each part once; `train_and_evaluate` pmaps the step and runs
 the loop. Where the data lives and how a step takes its examples is research/inputs.py; what
-one device does in a step is research/steps.py; what the loop records is research/loop.py.
+one device does in a step is research/steps.py; what the loop records is at this module's end
+(Clock, Progress, Profiler), so that the loop itself stays a screen long.
 The host here only dispatches steps and fetches metrics every `log_every_steps`.
 """
 
@@ -27,12 +28,11 @@ import tqdm
 
 from research import checkpoint, losses, models, optim, steps, trained, validate
 from research import inputs as inputs_lib
+from research import metrics as metrics_lib
 from research import workdir as workdir_lib
 from research.errors import UserError
-from research.inputs import Inputs
-from research.loop import Clock, Profiler, Progress, check_profile_end
+from research.inputs import Inputs, first_replica, replicate, same_in_every_process, wait_for_all
 from research.metrics import MetricsLog, eval_record
-from research.placement import first_replica, replicate, same_in_every_process, wait_for_all
 from research.preemption import Preempted, Preemption
 from research.steps import AXIS, TrainState, create_train_state
 
@@ -43,7 +43,7 @@ class Training:
 
   inputs: Inputs
   state: TrainState  # unreplicated, on the host: checkpoints and logging use this copy
-  from_data: Callable  # state -> state with the model's parameters computed from data (if any)
+  from_data: "FromData | None"  # state -> state with the parameters the model takes from data
   train_step: Callable  # steps.train_step for ONE device, all but (state, batch) bound
   augment: Callable  # the config's augmentation (research/augment.py build) -> float32 images
   schedule: Callable  # step -> learning rate
@@ -52,23 +52,28 @@ class Training:
   micro_batch: int  # examples per forward/backward pass on each device
   eval_every: int  # steps between periodic evals (0: at the end only)
   checkpoint_every: int  # steps between checkpoints (0: by time and at the end only)
+  warm: dict | None  # what the state took from `init_from` (None: from scratch or resumed)
 
 
-def setup(config: ml_collections.ConfigDict) -> Training:
-  """Checks `config`, opens its data and builds the initial state and the step; writes nothing."""
+def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Training:
+  """Checks `config`, opens its data and builds the initial state and the step; writes nothing.
+  `warm_start`: the state starts from `config.init_from`'s checkpoint (checked before any data
+  is loaded)."""
   checked = validate.train_config(config, jax.device_count())  # before any data is loaded
   model = models.create(config.model, AXIS)
+  source = trained.check_warm_start(config, checked.augment, model) if warm_start else None
   init_key = inputs_lib.run_keys(config.seed)[0]
   inputs = inputs_lib.for_run(config, checked)
   num_steps = config.num_train_steps
   if num_steps <= 0:
     num_steps = config.num_epochs * inputs.steps_per_epoch
   schedule = optim.learning_rate_schedule(config, inputs.steps_per_epoch, num_steps)
-  tx = optim.create_optimizer(config, inputs.steps_per_epoch, num_steps)
+  tx = optim.create_optimizer(config, inputs.steps_per_epoch, num_steps, schedule, checked.groups)
   example = np.zeros((1, *inputs.example_shape), np.uint8)
   model_input = jax.eval_shape(checked.augment, init_key, example)  # what the model sees
   # tx.init labels the parameters: a parameter group that matches none is an error here
   state = create_train_state(init_key, config, model, model_input.shape[1:], tx)
+  state, warm = trained.warm_start(state, source)  # None: from scratch
   steps.check_axes(model, state, model_input.shape[1:], config.model.name)
   micro_batch = steps.micro_batch_size(
     config.micro_batch_size,
@@ -99,6 +104,7 @@ def setup(config: ml_collections.ConfigDict) -> Training:
     every_steps(
       config.checkpoint_every_steps, config.checkpoint_every_epochs, inputs.steps_per_epoch
     ),
+    warm,
   )
 
 
@@ -110,25 +116,48 @@ def every_steps(steps: int, epochs: float, steps_per_epoch: int) -> int:
   return max(1, round(epochs * steps_per_epoch)) if epochs > 0 else 0
 
 
-def _from_data(config, inputs: Inputs, preprocess) -> Callable:
-  """state -> state with the parameters the model computes from `model.init_examples`
-  training images (a random sample, fixed by the seed), as the eval shows them to the model
-  (once, on the host, before the first step; a resumed run has them in its checkpoint)."""
-  init_from_data = models.init_from_data(config.model)
-  if init_from_data is None:
-    return lambda state: state
+def _from_data(config, inputs: Inputs, preprocess) -> "FromData | None":
+  """What computes the parameters the model takes from data, or None where it takes none."""
+  functions = models.init_from_data(config.model)
+  if functions is None:
+    return None
   if inputs.first_images is None:
     raise UserError(
       f"model {config.model.name!r} computes parameters from training images, which needs "
       f"data resident on the devices; {inputs.name} streams (use data_placement='resident')"
     )
+  return FromData(config.model, inputs.first_images, preprocess, *functions)
 
-  def from_data(state):
-    images = inputs.first_images(config.model.init_examples)
-    images = np.asarray(jax.jit(preprocess)(jax.random.key(0), images))
-    return state.replace(params=init_from_data(config.model, state.params, images))
 
-  return from_data
+@dataclasses.dataclass
+class FromData:
+  """state -> state with the parameters the model computes from `model.init_examples`
+  training images (a random sample, fixed by the seed), as the eval shows them to the model:
+  the preprocessing and the model's `data_statistics` on the device, its `init_from_data` on
+  the host (research/models/__init__.py). Once, before the first step; a resumed run has the
+  parameters in its checkpoint. `compile()` takes the sample and compiles the device part, so
+  that the call itself is the computation alone."""
+
+  model_config: ml_collections.ConfigDict
+  first_images: Callable[[int], np.ndarray]
+  preprocess: Callable
+  statistics: Callable
+  init: Callable
+  _images: np.ndarray | None = None
+  _compiled: Callable | None = None
+
+  def compile(self) -> None:
+    if self._compiled is None:
+      self._images = self.first_images(self.model_config.init_examples)
+      statistics = lambda images: self.statistics(
+        self.model_config, self.preprocess(jax.random.key(0), images)
+      )
+      self._compiled = jax.jit(statistics).lower(self._images).compile()
+
+  def __call__(self, state):
+    self.compile()
+    statistics = jax.device_get(self._compiled(self._images))
+    return state.replace(params=self.init(self.model_config, state.params, statistics))
 
 
 def _banner(text: str) -> str:
@@ -225,9 +254,8 @@ def train_and_evaluate(
   """
   workdir, is_main = Path(workdir), jax.process_index() == 0
   fresh = config.init_from and not (workdir / "checkpoints").is_dir()  # a resume never reads it
-  source = trained.check_warm_start(config) if fresh else None  # before any data is loaded
-  training = setup(config)
-  training.state, warm = trained.warm_start(training.state, source)  # None: from scratch
+  training = setup(config, warm_start=fresh)
+  warm = training.warm
   inputs, num_steps = training.inputs, training.num_steps
   if inputs.fallback_reason and is_main:
     print(
@@ -317,11 +345,11 @@ def _initial_state(config, training: Training, checkpoints, workdir: Path, warm)
       f"{training.num_steps} steps; resume with num_train_steps >= {start_step}, or use a new "
       "--workdir"
     )
-  if not start_step:
+  if not start_step and training.from_data:
+    training.from_data.compile()  # off the clock, as the step's compile is
     start = time.perf_counter()
     state = training.from_data(state)
-    if models.init_from_data(config.model):
-      times["init_from_data_sec"] = time.perf_counter() - start
+    times["init_from_data_sec"] = time.perf_counter() - start
   return state, times
 
 
@@ -439,3 +467,154 @@ def _list_left_out(workdir: Path, inputs: Inputs) -> str:
     return ""
   (workdir / LEFT_OUT).write_text("\n".join(lines) + "\n")
   return f" (listed in {workdir / LEFT_OUT})"
+
+
+# --- the loop's bookkeeping: where its wall time goes, its log records, its profile ---------------
+INPUT_BOUND = 0.1  # when the loop waits for input more than this share of the time, it says so
+INPUT_BOUND_ADVICE = (
+  "input-bound: the loop waited for input {:.0%} of the time; the devices idle while the "
+  "host decodes. Raise data_workers (decode processes) or prefetch (batches in flight)."
+)
+LONG_RUN_SEC = 3600  # a projection beyond this is said once, with the faster ways
+
+
+class Clock:
+  """The loop's wall time since its last log record: training, input wait and pauses."""
+
+  def __init__(self):
+    self.launch_start = self.interval_start = time.perf_counter()
+    self.input_wait = self.paused = self.all_paused = 0.0
+
+  def next_input(self, batches):
+    """`next(batches)`, its wait counted: none for resident data, decoding lag when streamed."""
+    start = time.perf_counter()
+    batch = next(batches)
+    self.input_wait += time.perf_counter() - start
+    return batch
+
+  @contextlib.contextmanager
+  def pause(self):
+    """Eval and checkpoints inside are not training time."""
+    start = time.perf_counter()
+    yield
+    paused = time.perf_counter() - start
+    self.paused += paused
+    self.all_paused += paused
+
+  def since_interval(self) -> float:
+    return time.perf_counter() - self.interval_start
+
+  def since_launch(self) -> float:
+    return time.perf_counter() - self.launch_start
+
+  def training(self) -> float:
+    """This launch's training time: its wall time less evals and checkpoints."""
+    return self.since_launch() - self.all_paused
+
+  def close_interval(self) -> tuple[float, float]:
+    """(training seconds, input wait seconds) since the last record; starts the next interval."""
+    training, input_wait = self.since_interval() - self.paused, self.input_wait
+    self.interval_start, self.input_wait, self.paused = time.perf_counter(), 0.0, 0.0
+    return training, input_wait
+
+
+class Progress:
+  """A train record at log steps: one metrics fetch, the NaN check, the line and its notes."""
+
+  def __init__(self, config, log, schedule, start_step: int, num_steps: int, echo, checkpoints):
+    self.config, self.log, self.echo = config, log, echo
+    self.schedule = jax.jit(schedule)  # one call per record, not one per jnp op in it
+    self.start_step, self.num_steps = start_step, num_steps
+    self.checkpoints = checkpoints  # named when training stops on NaN
+    self.single_process = jax.process_count() == 1
+    self.is_main = jax.process_index() == 0
+    self.warned_long = False
+
+  def due(self, step: int, clock: Clock) -> bool:
+    """Every `log_every_steps`, the first and last step (feedback before a slow interval), and
+    once `log_every_seconds` passed. Not by time with several processes: each stops on NaN at
+    a log step, so those steps must be the same in all of them."""
+    return (
+      step % self.config.log_every_steps == 0
+      or step in (self.start_step + 1, self.num_steps)
+      or (self.single_process and clock.since_interval() >= self.config.log_every_seconds)
+    )
+
+  def write(self, step: int, in_flight: list, clock: Clock) -> None:
+    fetched = first_replica(in_flight)  # one fetch; blocks until these steps are done
+    training, input_wait = clock.close_interval()
+    record = {
+      "step": step,
+      "loss": float(np.mean([m["loss"] for m in fetched])),
+      "accuracy": float(np.mean([m["accuracy"] for m in fetched])),
+      "param_norm": float(fetched[-1]["param_norm"]),
+      "grad_norm": float(fetched[-1]["grad_norm"]),
+      "learning_rate": float(self.schedule(step - 1)),
+      "examples_per_sec": len(fetched) * self.config.batch_size / training,
+      "sec_per_batch": training / len(fetched),
+      "input_wait_fraction": input_wait / training,
+      "elapsed_sec": clock.since_launch(),  # this launch, wall clock
+      "eta_sec": (self.num_steps - step) * training / len(fetched),  # training only
+    }
+    if not all(np.isfinite(record[k]) for k in ("loss", "grad_norm", "param_norm")):
+      raise UserError(
+        f"loss, gradients or parameters became NaN/inf by step {step} (loss {record['loss']}); "
+        f"{self.checkpoints.kept()}; lower learning_rate or set grad_clip_norm"
+      )
+    self.log.train(record)
+    if not self.is_main:
+      return
+    if step > self.start_step + 1 and not self.warned_long:  # step 1 holds warm-up
+      self.warned_long = self._warn_if_long(record, self.num_steps - step)
+    if record["input_wait_fraction"] > INPUT_BOUND:
+      self.echo(INPUT_BOUND_ADVICE.format(record["input_wait_fraction"]))
+
+  def _warn_if_long(self, record: dict, steps_left: int) -> bool:
+    """Says once if the rest is projected to take over LONG_RUN_SEC; True if it did."""
+    if record["eta_sec"] <= LONG_RUN_SEC:
+      return False
+    self.echo(
+      f"note: at {record['sec_per_batch']:.3g} s/step the {steps_left:,} steps left take about "
+      f"{metrics_lib.duration(record['eta_sec'])} on {jax.device_count()} "
+      f"{jax.devices()[0].device_kind} device(s). Faster: the config's :smoke variant "
+      "(seconds), fewer steps (--config.num_epochs=N or --config.num_train_steps=N), or a GPU."
+    )
+    return True
+
+
+def check_profile_end(config, num_steps: int) -> None:
+  """A user error if `profile_steps` ends after the run's last step: the trace would never be
+  written. Checked once the step count is known (it may come from the data), before anything
+  is written; Profiler checks the start against the resumed step."""
+  window = tuple(config.profile_steps)
+  if window and window[1] > num_steps:
+    raise UserError(
+      f"profile_steps={window} ends after step {num_steps}, this run's last, so the trace "
+      f"would never be written; end it at step {num_steps} or before"
+    )
+
+
+class Profiler:
+  """A jax.profiler trace of the steps in `profile_steps` (start, stop) into WORKDIR/profile."""
+
+  def __init__(self, config, workdir: Path, resume_step: int, echo):
+    self.window = tuple(config.profile_steps)
+    self.directory, self.echo = Path(workdir) / "profile", echo
+    if self.window and self.window[0] <= resume_step:  # checked before the workdir is written
+      length = self.window[1] - self.window[0]
+      what = "lies wholly before" if self.window[1] <= resume_step else "starts at or before"
+      raise UserError(
+        f"profile_steps={self.window} {what} step {resume_step}, where this run resumes, so it "
+        f"would not profile what you asked; use e.g. --config.profile_steps="
+        f"'({resume_step + 1}, {resume_step + 1 + length})'"
+      )
+
+  def before(self, step: int) -> None:
+    if self.window and step == self.window[0]:
+      jax.profiler.start_trace(str(self.directory))
+
+  def after(self, step: int, rstate) -> None:
+    if self.window and step == self.window[1]:
+      jax.block_until_ready(rstate)
+      jax.profiler.stop_trace()
+      self.echo(f"wrote a profile of steps {self.window[0]}-{self.window[1]} to {self.directory}")

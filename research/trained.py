@@ -44,8 +44,8 @@ from research import inputs as inputs_lib
 from research import workdir as workdir_lib
 from research.data import folder
 from research.errors import EXIT_USER_ERROR, UserError
+from research.inputs import replicate
 from research.metrics import eval_record, format_eval_line
-from research.placement import replicate
 from research.steps import AXIS
 
 EVALS = "evals.jsonl"  # one record per `eval`, in the workdir
@@ -277,16 +277,14 @@ class Source(NamedTuple):
   state: dict  # the saved train state, host arrays
 
 
-def check_warm_start(config) -> Source:
+def check_warm_start(config, augment, model) -> Source:
   """The checkpoint `config.init_from` names, read before any data is loaded; a user error
-  unless it shares a parameter (path and shape) with the model `config` builds."""
+  unless it shares a parameter (path and shape) with `model`, fed by `augment` (the run's)."""
   workdir, step = warm_start_source(config)
   step, saved = checkpoint.read(workdir, step)
-  augment = augment_lib.build(config.augment, config.seed)
   size = stored_size(config)  # the model's input is made from stored examples of this side
   example = jax.ShapeDtypeStruct((1, size, size, 3), jnp.uint8)
   images = jax.eval_shape(augment, jax.random.key(0), example)
-  model = models.create(config.model, None)
   shapes = jax.eval_shape(lambda x: model.init(jax.random.key(0), x, train=False), images)
   mine = traverse_util.flatten_dict(flax.core.unfreeze(shapes["params"]), sep="/")
   theirs = traverse_util.flatten_dict(saved["params"], sep="/")

@@ -120,10 +120,11 @@ GROUP_RANGES = (
 )
 
 
-def _param_groups(config) -> None:
+def _param_groups(config) -> dict:
   """Each parameter group's fields (research/optim.py); whether each matches a parameter is
   checked when the optimizer first sees the parameters (optim.labels, in train.setup)."""
-  for name, fields in optim.group_fields(config).items():
+  groups = optim.group_fields(config)
+  for name, fields in groups.items():
     try:
       re.compile(fields.match)
     except (re.error, TypeError) as e:
@@ -131,15 +132,18 @@ def _param_groups(config) -> None:
     field = f"param_groups.{name}.optimizer"
     optim.OPTIMIZERS.get(fields.optimizer, config.modules, field)
     _in_ranges(fields, GROUP_RANGES, prefix=f"param_groups.{name}.")
+  return groups
 
 
 class Checked(NamedTuple):
-  """What checking a training config builds: the per-device batch and the two pipelines
-  (parsing them is how they are checked), handed on so nothing is built twice."""
+  """What checking a training config builds: the per-device batch, the two pipelines
+  (parsing them is how they are checked) and the parameter groups' fields, handed on so
+  nothing is built twice."""
 
   per_device_batch: int
   augment: Callable  # research/augment.py build: (rng, images_u8, ...) -> float32 images
   eval_preprocess: Callable
+  groups: dict  # optim.group_fields: {group name: its fields}
 
 
 def train_config(config: ml_collections.ConfigDict, n_devices: int) -> Checked:
@@ -207,7 +211,7 @@ def train_config(config: ml_collections.ConfigDict, n_devices: int) -> Checked:
       )
     )
   _choice("loss_reduction", config.loss_reduction, ("mean", "sum"))
-  _param_groups(config)
+  groups = _param_groups(config)
   per_device_batch = batch_sizes(config, n_devices)
   if augment.mixes and per_device_batch % 2:
     raise UserError(
@@ -222,4 +226,4 @@ def train_config(config: ml_collections.ConfigDict, n_devices: int) -> Checked:
       f"examples per device (batch_size={config.batch_size} over {n_devices} devices); "
       "use a divisor of it, or 0 for auto"
     )
-  return Checked(per_device_batch, augment, eval_preprocess)
+  return Checked(per_device_batch, augment, eval_preprocess, groups)

@@ -13,7 +13,7 @@ import pytest
 from conftest import env_as_users_compile
 
 from research import augment, configuration, inputs, steps
-from research.placement import replicate, to_devices
+from research.inputs import replicate, to_devices
 from research.steps import AXIS
 
 CONFIGS = {

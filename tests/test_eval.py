@@ -9,8 +9,7 @@ import optax
 import pytest
 
 from research import augment, models
-from research.inputs import resident_eval
-from research.placement import first_replica, pad_for_eval, replicate, upload_shards
+from research.inputs import first_replica, pad_for_eval, replicate, resident_eval, upload_shards
 from research.steps import AXIS, create_train_state
 
 

@@ -49,7 +49,7 @@ def _start(workdir, devices=8, extra=(), program=("-m", "research.main")):
 # keeps the test's process busy.
 STOPS_ITSELF = """
 import os, sys, time
-from research import checkpoint, loop, main, train
+from research import checkpoint, main, train
 stop, at = int(sys.argv.pop(1)), sys.argv.pop(1)
 if at == "preview":
   preview = train.augmented_preview
@@ -66,12 +66,12 @@ elif at.startswith("checkpoint-"):
       time.sleep(1)
   checkpoint.Checkpoints.save = signalled_save
 else:
-  write = loop.Progress.write
+  write = train.Progress.write
   def signalled_write(self, step, *args):
     write(self, step, *args)
     if step == int(at):
       os.kill(os.getpid(), stop)
-  loop.Progress.write = signalled_write
+  train.Progress.write = signalled_write
 sys.exit(main.main())
 """
 
@@ -327,11 +327,16 @@ def test_divergence_stops_with_a_clear_error_and_keeps_good_checkpoints(tmp_path
 def test_a_stop_signal_never_saves_parameters_that_are_not_finite(tmp_path, monkeypatch):
   """The checkpoint a SIGTERM or Ctrl-C writes is checked as the periodic ones are: here the
   parameters the stop would save are NaN (as after a last update that overflowed)."""
-  from research import preemption, train
+  from research import preemption, steps, train
 
   monkeypatch.setattr(preemption.Preemption, "stop_after", lambda self, step: True)
   fetch = train.first_replica
-  nan = lambda state: state.replace(params=jax.tree.map(lambda p: p * np.nan, state.params))
+
+  def nan(tree):  # the train state's parameters; the loop's metrics fetched as they are
+    if not isinstance(tree, steps.TrainState):
+      return tree
+    return tree.replace(params=jax.tree.map(lambda p: p * np.nan, tree.params))
+
   monkeypatch.setattr(train, "first_replica", lambda tree: nan(fetch(tree)))
   with pytest.raises(UserError, match=r"NaN/inf by step 1; no checkpoint had been written"):
     train_and_evaluate(_smoke_config(), str(tmp_path))

@@ -13,9 +13,9 @@ import optax
 import pytest
 from jax import lax
 
-from research import augment, configuration, cpu_forms, inputs, losses, models, steps
+from research import augment, configuration, inputs, losses, models, steps
 from research.data import ImageDataset
-from research.placement import first_replica, replicate
+from research.inputs import first_replica, replicate
 from research.steps import AXIS, create_train_state, train_step
 from research.train import setup
 
@@ -242,7 +242,7 @@ def test_micro_batches_take_the_step_of_the_whole_batch_dropout_included():
 def test_the_cpu_convolution_has_xla_s_value_and_gradients(size, kernel, strides, padding):
   images = jax.random.normal(jax.random.key(0), (4, size, size, 5))
   grads = []
-  for conv_fn in (lax.conv_general_dilated, cpu_forms.conv_general_dilated):
+  for conv_fn in (lax.conv_general_dilated, steps.conv_general_dilated):
     conv = flax.linen.Conv(6, kernel, strides, padding, conv_general_dilated=conv_fn)
     params = conv.init(jax.random.key(1), images)
     loss = lambda p, x, conv=conv: jnp.sum(jnp.sin(conv.apply(p, x)))
@@ -255,7 +255,7 @@ def test_the_cpu_convolution_has_xla_s_value_and_gradients(size, kernel, strides
 
 
 def test_a_plain_flax_conv_takes_the_cpu_form_only_inside_applied():
-  """Inside `cpu_forms.applied()`, an `nn.Conv` as any flax model writes it computes its
+  """Inside `steps.cpu_forms_applied()`, an `nn.Conv` as any flax model writes it computes its
   kernel gradient as matrix products; outside, XLA differentiates its convolution."""
   conv = flax.linen.Conv(4, (3, 3))
   images = jnp.ones((2, 8, 8, 3))
@@ -269,7 +269,7 @@ def test_a_plain_flax_conv_takes_the_cpu_form_only_inside_applied():
     return str(jax.make_jaxpr(jax.grad(loss))(params)).count("dot_general[")
 
   assert products(contextlib.nullcontext) == 0
-  assert products(cpu_forms.applied) > 0
+  assert products(steps.cpu_forms_applied) > 0
 
 
 @pytest.mark.parametrize("size", [30, 13])  # 13: the last row and column are not pooled
@@ -279,7 +279,7 @@ def test_the_cpu_max_pool_has_xla_s_value_and_gradient_ties_included(size):
   weights = jax.random.normal(jax.random.key(1), (size // 2, size // 2, 8))
   losses = [
     lambda x: jnp.sum(jnp.sin(flax.linen.max_pool(x, (2, 2), strides=(2, 2)) * weights)),
-    lambda x: jnp.sum(jnp.sin(cpu_forms.max_pool(x, 2) * weights)),
+    lambda x: jnp.sum(jnp.sin(steps.max_pool(x, 2) * weights)),
   ]
   (value, grad), (ours, ours_grad) = [jax.value_and_grad(loss)(images) for loss in losses]
   assert ours == value

@@ -18,7 +18,7 @@
                         the auto micro-batch) ÷ the same step with XLA's convolutions on the
                         whole batch (what a plain jitted flax step does), in this process's
                         devices (1 on a CPU host unless XLA_FLAGS says otherwise).
-  forms                 (on a CPU host) each CPU form of research/cpu_forms.py, and the
+  forms                 (on a CPU host) each CPU form of research/steps.py, and the
                         host-memory settings, on and off in the shipped default steps (Keras
                         CNN, VGG-16, Inception-v3 :smoke): compiled in one process, timed in
                         alternating rounds (the malloc settings in alternating processes).
@@ -41,12 +41,13 @@ import jax
 import numpy as np
 from PIL import Image
 
-from research import configuration, cpu_forms, host_memory, host_workers
+from research import configuration, host_memory, host_workers
 from research import inputs as inputs_lib
+from research import steps as steps_lib
 from research import workdir as workdir_lib
 from research.data import folder
 from research.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, UserError
-from research.placement import replicate
+from research.inputs import replicate
 from research.steps import AXIS
 from research.train import setup, train_and_evaluate
 
@@ -131,7 +132,7 @@ def cpu_steps(path: str) -> dict:
   rows = {}
   for batch in (128, 256):
     per_device = batch // jax.device_count()
-    with cpu_forms.without():
+    with steps_lib.without_cpu_forms():
       xla, _ = _steady_examples_per_sec(
         _config(path, False, batch_size=batch, micro_batch_size=per_device)
       )
@@ -157,8 +158,8 @@ def form_variants() -> dict:
   """{name: the CPU forms switched off}: all on, each off alone, all off (XLA's own ops)."""
   return {
     "all": (),
-    **{f"no {form}": (form,) for form in cpu_forms.CPU_FORMS},
-    "none": cpu_forms.CPU_FORMS,
+    **{f"no {form}": (form,) for form in steps_lib.CPU_FORMS},
+    "none": steps_lib.CPU_FORMS,
   }
 
 
@@ -170,7 +171,7 @@ def form_gains(path: str, variants: list[str], rounds: int, seconds: float = 6.0
   compiled, programs = {}, {}
   for name in variants:
     off = form_variants()[name]
-    with cpu_forms.without(*off) if off else _nothing():
+    with steps_lib.without_cpu_forms(*off) if off else _nothing():
       training, p_step = _bare(_config(path, False))
       rstate, batches = replicate(training.state), training.inputs.batches(0)
       p_step = p_step.lower(rstate, next(batches)).compile()  # traced with these forms

@@ -191,7 +191,7 @@ def step_speed(config, steps: int) -> dict:
   import jax
 
   from research import train
-  from research.placement import replicate
+  from research.inputs import replicate
   from research.steps import AXIS
   from tools import benchmark
 

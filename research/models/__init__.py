@@ -8,16 +8,19 @@ returning logits [batch, num_classes]. `axis_name` is the pmap axis ('batch', as
 examples name it; None outside pmap) for BatchNorm, so statistics are averaged across
 replicas: a model copied from a flax codebase that names 'batch' itself runs as written.
 Dropout draws from the "dropout" rng collection. The step applies its own forms from outside
-the model (research/steps.py: a dropout mask per example; research/cpu_forms.py: faster
+the model (research/steps.py: a dropout mask per example; its CPU forms: faster
 convolutions on CPU). Only max-pooling, a function no interceptor reaches, is called by name:
-the shipped models use `cpu_forms.max_pool`. The loss is the config's (research/losses.py).
+the shipped models use `steps.max_pool`. The loss is the config's (research/losses.py).
 
 A model may also compute part of its initial parameters from training images: its module
 then defines `init_from_data(model_config, params, images) -> params`, given
 `model_config.init_examples` training images (a random sample of the split, fixed by the
 config's seed) as float32 [N, H, W, C], as the config's eval_preprocess (its first view)
-shows them to the model. It runs once, on the host, before the first step; the result is in
-every checkpoint, so a resumed run does not redo it.
+shows them to the model. Where the module also defines `data_statistics(model_config,
+images) -> arrays` (traceable by JAX), that runs on the device instead, compiled with the
+preprocessing before the run's clock starts, and `init_from_data` gets its result on the
+host in place of the images. Either runs once, before the first step; the result is in every
+checkpoint, so a resumed run does not redo it.
 """
 
 import sys
@@ -37,10 +40,13 @@ def create(model_config: ml_collections.ConfigDict, axis_name: str | None) -> nn
   return MODELS.get(model_config.name)(model_config, axis_name)
 
 
-def init_from_data(model_config: ml_collections.ConfigDict) -> Callable | None:
-  """The model module's `init_from_data`, or None if it computes nothing from data."""
+def init_from_data(model_config: ml_collections.ConfigDict) -> tuple[Callable, Callable] | None:
+  """(data_statistics, init_from_data) of the model's module (the statistics are the images
+  themselves where it defines none), or None if it computes nothing from data."""
   module = sys.modules[MODELS.get(model_config.name).__module__]
-  return getattr(module, "init_from_data", None)
+  if not hasattr(module, "init_from_data"):
+    return None
+  return getattr(module, "data_statistics", lambda _, images: images), module.init_from_data
 
 
 # The shipped models register themselves on import.
