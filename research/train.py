@@ -523,7 +523,8 @@ class Progress:
 
   def __init__(self, config, log, schedule, start_step: int, num_steps: int, echo, checkpoints):
     self.config, self.log, self.echo = config, log, echo
-    self.schedule = jax.jit(schedule)  # one call per record, not one per jnp op in it
+    # One call per record, not one per jnp op in it; compiled now, not inside the timed span
+    self.schedule = jax.jit(schedule).lower(np.int32(0)).compile()
     self.start_step, self.num_steps = start_step, num_steps
     self.checkpoints = checkpoints  # named when training stops on NaN
     self.single_process = jax.process_count() == 1
@@ -549,7 +550,7 @@ class Progress:
       "accuracy": float(np.mean([m["accuracy"] for m in fetched])),
       "param_norm": float(fetched[-1]["param_norm"]),
       "grad_norm": float(fetched[-1]["grad_norm"]),
-      "learning_rate": float(self.schedule(step - 1)),
+      "learning_rate": float(self.schedule(np.int32(step - 1))),
       "examples_per_sec": len(fetched) * self.config.batch_size / training,
       "sec_per_batch": training / len(fetched),
       "input_wait_fraction": input_wait / training,

@@ -100,9 +100,35 @@ def _records(workdir):
 
 
 @pytest.mark.parametrize("path", _training_configs())
-def test_smoke_trains_end_to_end_and_learns(path, tmp_path):
+def test_smoke_trains_end_to_end_and_learns(path, tmp_path, monkeypatch):
+  """... and compiles nothing between its first step and its end (the final eval's, the
+  checkpoints' and the log's programs are compiled before the clock starts)."""
+  from research import train
+
+  compiles, in_span = [], [False]
+  compile_step = train._compiled_step
+
+  def compiled_step(*args):
+    step = compile_step(*args)
+
+    def first_step_starts_the_span(*step_args):
+      in_span[0] = True
+      return step(*step_args)
+
+    return first_step_starts_the_span
+
+  def listen(event, seconds, **kwargs):
+    if event == "/jax/core/compile/backend_compile_duration" and in_span[0]:
+      compiles.append(kwargs.get("fun_name"))
+
+  monkeypatch.setattr(train, "_compiled_step", compiled_step)
+  jax.monitoring.register_event_duration_secs_listener(listen)
   config = configuration.load(f"{path}:smoke")
-  final = train_and_evaluate(config, str(tmp_path))
+  try:
+    final = train_and_evaluate(config, str(tmp_path))
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listen)
+  assert in_span[0] and not compiles, f"compiled inside the timed span: {compiles}"
 
   records = _records(tmp_path)
   train = [r for r in records if "loss" in r]
