@@ -27,9 +27,10 @@ from research.registry import Registry
 SCHEDULES = ("cosine", "linear", "constant", "inverse_time", "exponential")
 DEFAULT = "default"  # the label of parameters no group matches
 # register(name, decays_weights=True: it applies `weight_decay` itself; groups_only=True: for
-# param_groups alone) on `make(learning_rate, fields) -> optax.GradientTransformation`, where
-# `learning_rate` is the schedule and `fields` the group's config fields (the config's own for
-# parameters no group takes): a fork's optimizer reads its fields there, set in its config.
+# param_groups alone; frozen=True: it never updates, so the step does not differentiate) on
+# `make(learning_rate, fields) -> optax.GradientTransformation`, where `learning_rate` is the
+# schedule and `fields` the group's config fields (the config's own for parameters no group
+# takes): a fork's optimizer reads its fields there, set in its config.
 OPTIMIZERS = Registry("optimizer", "optimizer")
 register = OPTIMIZERS.register
 
@@ -131,9 +132,9 @@ def muon(learning_rate, fields) -> optax.GradientTransformation:
   return optax.chain(*chain)
 
 
-@register("frozen", decays_weights=True, groups_only=True)
+@register("frozen", decays_weights=True, groups_only=True, frozen=True)
 def frozen(learning_rate, fields) -> optax.GradientTransformation:
-  """Never updated."""
+  """Never updated (and never differentiated: `frozen_mask`)."""
   del learning_rate, fields
   return optax.set_to_zero()
 
@@ -196,6 +197,19 @@ def labels(config: ml_collections.ConfigDict, params) -> dict:
       + (", …" if len(paths) > 8 else "")
     )
   return result
+
+
+def frozen_mask(config: ml_collections.ConfigDict, params):
+  """True for each parameter a group freezes for the whole run (an optimizer registered with
+  frozen=True), which the step then does not differentiate; None where no group does."""
+  frozen = {
+    name
+    for name, group in config.param_groups.items()
+    if OPTIMIZERS.options[group.get("optimizer", config.optimizer)].get("frozen")
+  }
+  if not frozen:
+    return None
+  return jax.tree.map(lambda label: label in frozen, labels(config, params))
 
 
 def _leaves(params):

@@ -105,6 +105,7 @@ def train_step(
   num_classes: int,
   micro_batch=None,
   loss_scale=1.0,
+  frozen=None,
 ):
   """One optimizer step on this device's part of the global batch.
 
@@ -115,6 +116,8 @@ def train_step(
     loss_scale: the gradient is that of the mean loss over the global batch times this
       (the global batch size: the summed loss, `loss_reduction="sum"`); the logged loss is
       the mean.
+    frozen: True for each parameter no update changes (optim.frozen_mask; None: none); they
+      are not differentiated, and their gradient is zero.
   """
   ex = gather(state.step, batch)
   targets = jax.nn.one_hot(ex.labels, num_classes)  # [per_device_batch, classes]
@@ -124,6 +127,8 @@ def train_step(
   n_micro = per_device_batch // micro_batch
 
   def loss_fn(params, batch_stats, part):
+    if frozen is not None:  # their gradients' convolutions and products are never traced
+      params = jax.tree.map(lambda p, f: lax.stop_gradient(p) if f else p, params, frozen)
     # The model as written; from outside it, dropout per example and (on CPU) the CPU forms.
     with dropout_per_example(positions[part]), cpu_forms_applied():
       logits, updates = state.apply_fn(

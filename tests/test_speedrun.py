@@ -46,6 +46,22 @@ def _batch(n=64, seed=0):
   return rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8), rng.integers(0, 10, n)
 
 
+def test_the_frozen_whitening_kernel_is_not_differentiated(training):
+  """The step has the convolutions it needs: 7 forward, a kernel gradient for each of the 6
+  trained ones (not for the frozen whitening), an input gradient for the 6 after the
+  whitening (its bias trains for 3 epochs); XLA's own convolutions, no CPU forms."""
+  batch = next(training.inputs.batches(0))
+  state = replicate(training.state)
+
+  def convolutions(step):
+    with steps.without_cpu_forms():
+      text = jax.pmap(step, axis_name=AXIS).lower(state, batch).as_text()
+    return text.count("stablehlo.convolution")
+
+  assert convolutions(training.train_step) == 7 + 6 + 6
+  assert convolutions(functools.partial(training.train_step, frozen=None)) == 7 + 7 + 6
+
+
 def test_the_whitening_in_float32_on_the_device_is_the_float64_one_to_1e_4():
   """The filters from `data_statistics` (float32, the device's program) and `init_from_data`
   match a float64 covariance of all 2×2 patches to 1e-4 of their largest entry, on real
