@@ -340,13 +340,19 @@ def airbench(m: Measurement, device: dict, workdir: Path, budget_end: float, dat
     ours.append(_metrics(run)[-1])
   numbers = {
     "runs": m.steps,
+    "whitening_sec": [r["init_from_data_sec"] for r in ours],
     "train_sec": [r["train_sec"] for r in ours],
+    "eval_sec": [r["eval_sec"] for r in ours],  # the final eval, with its views (TTA)
     # airbench94_muon's span: the whitening init, training and the TTA eval (compiles apart)
     "span_sec": [r["init_from_data_sec"] + r["train_sec"] + r["eval_sec"] for r in ours],
     "compile_sec": [r["compile_sec"] + r["eval_compile_sec"] for r in ours],
     "test_accuracy": [r["eval_accuracy"] for r in ours],
     "test_accuracy_first_view": [r["eval_accuracy_first_view"] for r in ours],
     "peer_time_sec": [r["time_sec"] for r in theirs["runs"]],
+    # its parts as its output gives them: each epoch's row (time so far, the whitening in the
+    # first) and the TTA eval; absent from records made before the script's rows were kept
+    "peer_eval_sec": [r.get("eval_sec") for r in theirs["runs"]],
+    "peer_epochs": [r.get("epochs") for r in theirs["runs"]],
     "peer_test_accuracy": [r["tta_accuracy"] for r in theirs["runs"]],
     "peer_test_accuracy_first_view": [r["accuracy"] for r in theirs["runs"]],
     "peer_warmup_sec": theirs["warmup_sec"],
@@ -505,8 +511,11 @@ def main_run(m: Measurement, device: dict, workdir: Path, budget_end: float, dat
   if "eval_accuracy_first_view" in final:  # test-time augmentation: the plain accuracy too
     numbers["test_accuracy_first_view"] = final["eval_accuracy_first_view"]
   launches = (workdir / "metadata.jsonl").read_text().count('"jax_version"')
-  if launches == 1 and "train_sec" in final:  # one launch: its training time, compile apart
+  if launches == 1 and "train_sec" in final:  # one launch: its parts' times, compiles apart
     numbers["train_sec"] = final["train_sec"]
+    numbers["eval_sec"] = final["eval_sec"]  # the final eval (with its views, if any)
+    if "init_from_data_sec" in final:  # parameters from data: the speedrun's whitening
+      numbers["whitening_sec"] = final["init_from_data_sec"]
   dataset = f"{data.name} ({len(scanned.train.paths):,} train, {final['eval_examples']:,} test)"
   command = "./launch.sh " + shlex.join(args)
   return [_record(m, device, command, numbers, dataset=dataset, curve=curve)]

@@ -9,8 +9,10 @@ in its working directory; these are written from `--pixels` (the images our runs
 both recipes train on the same images. It runs as the script's own `__main__` does: the model
 compiled once (torch.compile, max-autotune), a warmup run, then `--runs` runs. Prints one JSON
 line: for each run the script's own `time_seconds` (the whitening init, the 8 epochs of
-training and the TTA eval, timed with CUDA events; its per-epoch evals excluded), its accuracy
-with TTA and its last epoch's without; and the warmup's wall time (compile included).
+training and the TTA eval, timed with CUDA events; its per-epoch evals excluded), its parts as
+far as its rows give them (each epoch's row: the time so far, the first row's including the
+whitening; the TTA eval: the final time less the last epoch's), its accuracy with TTA and its
+last epoch's without; and the warmup's wall time (compile included).
 """
 
 import argparse
@@ -44,6 +46,11 @@ def write_pixels(pixels: Path, directory: Path) -> None:
     torch.save({"images": images, "labels": labels, "classes": classes}, directory / f"{split}.pt")
 
 
+def _plain(value):
+  """A row's value as JSON holds it (the script's are Python or tensor scalars, or None)."""
+  return value.item() if hasattr(value, "item") else value
+
+
 def load_script(path: Path):
   sys.argv = [str(path)]  # the script reads its own source from sys.argv[0], for its logs
   spec = importlib.util.spec_from_file_location("airbench94_muon", path)
@@ -69,7 +76,8 @@ def main() -> None:
   rows = []  # what the script would print: each epoch's locals, then the final eval's
 
   def record(variables, is_final_entry):
-    rows.append({k: variables.get(k) for k in ("epoch", "val_acc", "tta_val_acc", "time_seconds")})
+    fields = ("epoch", "train_loss", "train_acc", "val_acc", "tta_val_acc", "time_seconds")
+    rows.append({k: _plain(variables.get(k)) for k in fields})
 
   airbench.print_training_details = record
   model = airbench.CifarNet().cuda().to(memory_format=torch.channels_last)
@@ -86,6 +94,8 @@ def main() -> None:
     runs.append(
       {
         "time_sec": final["time_seconds"],
+        "eval_sec": final["time_seconds"] - rows[-2]["time_seconds"],  # the TTA eval
+        "epochs": rows[:-1],
         "tta_accuracy": tta_accuracy,
         "accuracy": final["val_acc"],
       }
