@@ -35,6 +35,32 @@ GPU_PEAK_TFLOPS = {
 
 
 @dataclasses.dataclass(frozen=True)
+class SpeedrunPeer:
+  """A PyTorch speedrun script the report runs beside ours (tools/peer_airbench.py): never
+  part of this project, fetched apart into the checkout's root (git ignores it)."""
+
+  title: str  # what the tables call it
+  script: str  # its file name, the default of the report's --PEER PATH
+  url: str  # where it is fetched from
+  sleep_cycles: int = 0  # GPU cycles its __main__ sleeps before each run (torch.cuda._sleep)
+
+
+SPEEDRUN_PEERS = {
+  "airbench": SpeedrunPeer(
+    "airbench94_muon",
+    "airbench94_muon.py",
+    "https://raw.githubusercontent.com/KellerJordan/cifar10-airbench/master/airbench94_muon.py",
+  ),
+  "hiverge": SpeedrunPeer(
+    "hiverge's cifar10_speedrun",
+    "cifar10_speedrun.py",
+    "https://raw.githubusercontent.com/hiverge/cifar10-speedrun/main/cifar10_speedrun.py",
+    sleep_cycles=6_000_000_000,
+  ),
+}
+
+
+@dataclasses.dataclass(frozen=True)
 class Measurement:
   part: str
   name: str  # unique within its part: the record's file name
@@ -44,8 +70,8 @@ class Measurement:
   steps: int = 0  # timed steps (throughput, peer) or steps to train (streamed)
   search_batch: bool = False  # throughput: also the largest global batch that fits ...
   search_up_to: int = 16  # ... trying up to this many times the config's batch
-  peer: str = ""  # peer: the PyTorch network (tools/peer_torch.py), or "airbench" (steps:
-  # the runs of each recipe, tools/peer_airbench.py)
+  peer: str = ""  # peer: the PyTorch network (tools/peer_torch.py), or a SPEEDRUN_PEERS name
+  # (steps: the runs of each recipe, tools/peer_airbench.py)
   image_size: int = 32  # peer: input pixels per side
 
   def config_dict(self):
@@ -297,16 +323,19 @@ def peer(m: Measurement, device: dict, theirs: dict) -> list[dict]:
   return [_record(m, device, command, numbers, versions_extra=("torch", "torchvision"))]
 
 
-def airbench(m: Measurement, device: dict, workdir: Path, budget_end: float, data: Path, script):
-  """The speedrun against airbench94_muon (tools/peer_airbench.py) on the same GPU and the
-  same pixels: its `m.steps` runs, then as many of ours (seeds 0, 1, ...), in one invocation
-  (theirs are kept if the budget stops ours, which the next invocation trains again).
-  Both are timed over the script's own span: the whitening init, training and the TTA eval
-  (ours: its `init_from_data_sec`, `train_sec` and final `eval_sec`, compiles apart; our
-  training alone is recorded too)."""
+def speedrun_peer(
+  m: Measurement, device: dict, workdir: Path, budget_end: float, data: Path, script: Path
+):
+  """The speedrun against a PyTorch speedrun script (SPEEDRUN_PEERS[m.peer], run by
+  tools/peer_airbench.py) on the same GPU and the same pixels: its `m.steps` runs, then as
+  many of ours (seeds 0, 1, ...), in one invocation (theirs are kept if the budget stops ours,
+  which the next invocation trains again). Both are timed over the script's own span: the
+  whitening init, training and the TTA eval (ours: its `init_from_data_sec`, `train_sec` and
+  final `eval_sec`, compiles apart; each part is recorded too)."""
+  peer = SPEEDRUN_PEERS[m.peer]
   from research.data import folder
 
-  theirs_path = workdir / "airbench.json"  # a finished part is kept when the budget stops ours
+  theirs_path = workdir / f"{m.peer}.json"  # a finished part is kept when the budget stops ours
   if not theirs_path.exists():
     dataset = folder.load_resident(folder.scan(str(data)), skip_bad=False, size=32)  # CIFAR
     workdir.mkdir(parents=True, exist_ok=True)
@@ -320,13 +349,15 @@ def airbench(m: Measurement, device: dict, workdir: Path, budget_end: float, dat
       num_classes=dataset.num_classes,
     )
     command = [sys.executable, "-m", "tools.peer_airbench", f"--script={script}"]
-    command += [f"--pixels={pixels}", f"--runs={m.steps}", f"--workdir={workdir / 'airbench'}"]
-    with open(workdir / "airbench.log", "w") as log:
+    command += [f"--pixels={pixels}", f"--runs={m.steps}", f"--workdir={workdir / m.peer}"]
+    command += [f"--sleep_cycles={peer.sleep_cycles}"]
+    log_path = workdir / f"{m.peer}.log"
+    with open(log_path, "w") as log:
       code = run_child(command, timeout=max(1.0, budget_end - time.time()), stdout=log)
     if code != 0:
-      print(f"peer {m.name}: airbench94_muon did not finish (exit {code}): {workdir}/airbench.log")
+      print(f"peer {m.name}: {peer.title} did not finish (exit {code}): {log_path}")
       return []
-    theirs_path.write_text((workdir / "airbench.log").read_text().strip().splitlines()[-1])
+    theirs_path.write_text(log_path.read_text().strip().splitlines()[-1])
   theirs = json.loads(theirs_path.read_text())
   ours = []
   for seed in range(m.steps):
@@ -340,10 +371,11 @@ def airbench(m: Measurement, device: dict, workdir: Path, budget_end: float, dat
     ours.append(_metrics(run)[-1])
   numbers = {
     "runs": m.steps,
+    "peer_title": peer.title,
     "whitening_sec": [r["init_from_data_sec"] for r in ours],
     "train_sec": [r["train_sec"] for r in ours],
     "eval_sec": [r["eval_sec"] for r in ours],  # the final eval, with its views (TTA)
-    # airbench94_muon's span: the whitening init, training and the TTA eval (compiles apart)
+    # the peer's span: the whitening init, training and the TTA eval (compiles apart)
     "span_sec": [r["init_from_data_sec"] + r["train_sec"] + r["eval_sec"] for r in ours],
     "compile_sec": [r["compile_sec"] + r["eval_compile_sec"] for r in ours],
     "test_accuracy": [r["eval_accuracy"] for r in ours],
@@ -363,12 +395,15 @@ def airbench(m: Measurement, device: dict, workdir: Path, budget_end: float, dat
   train_examples = len(folder.scan(str(data)).train.paths)
   dataset = f"{data.name} ({train_examples:,} train, {ours[0]['eval_examples']:,} test)"
   return [
-    _record(m, device, airbench_command(m), numbers, dataset=dataset, versions_extra=("torch",))
+    _record(
+      m, device, speedrun_peer_command(m), numbers, dataset=dataset, versions_extra=("torch",)
+    )
   ]
 
 
-def airbench_command(m: Measurement) -> str:
-  return f"./launch.sh report --only peer:{m.name} --airbench airbench94_muon.py --data DIR"
+def speedrun_peer_command(m: Measurement) -> str:
+  script = SPEEDRUN_PEERS[m.peer].script
+  return f"./launch.sh report --only peer:{m.name} --{m.peer} {script} --data DIR"
 
 
 def _metrics(workdir: Path) -> list[dict]:

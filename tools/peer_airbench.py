@@ -1,15 +1,20 @@
-"""airbench94_muon, the speedrun's PyTorch original, on the same GPU and the same pixels.
+"""airbench94_muon, the speedrun's PyTorch original, or hiverge's cifar10_speedrun, the record
+holder built on it, on the same GPU and the same pixels.
 
   python -m tools.peer_airbench --script airbench94_muon.py --pixels cifar.npz --runs 3
+  python -m tools.peer_airbench --script cifar10_speedrun.py --pixels cifar.npz --runs 3 \
+    --sleep_cycles 6000000000
 
-`airbench94_muon.py` (K. Jordan, github.com/KellerJordan/cifar10-airbench) is not part of this
-project and never a dependency: the report runs this where PyTorch sees a CUDA GPU and the
-script is at hand (docs/gpu_hosts.md). The script reads CIFAR-10 from cifar10/{train,test}.pt
-in its working directory; these are written from `--pixels` (the images our runs decode), so
-both recipes train on the same images. It runs as the script's own `__main__` does: the model
-compiled once (torch.compile, max-autotune), a warmup run, then `--runs` runs. Prints one JSON
-line: for each run the script's own `time_seconds` (the whitening init, the 8 epochs of
-training and the TTA eval, timed with CUDA events; its per-epoch evals excluded), its parts as
+`airbench94_muon.py` (K. Jordan, github.com/KellerJordan/cifar10-airbench) and
+`cifar10_speedrun.py` (github.com/hiverge/cifar10-speedrun) are not part of this project and
+never a dependency: the report runs them where PyTorch sees a CUDA GPU and the script is at
+hand (docs/gpu_hosts.md). Both define CifarNet, main(run, model) and print_training_details,
+and read CIFAR-10 from cifar10/{train,test}.pt in their working directory; these are written
+from `--pixels` (the images our runs decode), so all recipes train on the same images. A
+script runs as its own `__main__` does: the model compiled once (torch.compile, max-autotune),
+a warmup run, then `--runs` runs (hiverge's after a GPU sleep each, `--sleep_cycles`). Prints
+one JSON line: for each run the script's own `time_seconds` (the whitening init, training and
+the TTA eval, timed with CUDA events; its per-epoch evals excluded), its parts as
 far as its rows give them (each epoch's row: the time so far, the first row's including the
 whitening; the TTA eval: the final time less the last epoch's), its accuracy with TTA and its
 last epoch's without; and the warmup's wall time (compile included).
@@ -65,6 +70,9 @@ def main() -> None:
   parser.add_argument("--pixels", type=Path, required=True, help="train/test images, .npz")
   parser.add_argument("--runs", type=int, default=3)
   parser.add_argument("--workdir", type=Path, default=Path("."))
+  parser.add_argument(
+    "--sleep_cycles", type=int, default=0, help="GPU cycles to sleep before each run"
+  )
   args = parser.parse_args()
   script, pixels = args.script.resolve(), args.pixels.resolve()
   args.workdir.mkdir(parents=True, exist_ok=True)
@@ -89,12 +97,19 @@ def main() -> None:
   runs = []
   for run in range(args.runs):
     rows.clear()
-    tta_accuracy = airbench.main(run, model)
+    if args.sleep_cycles:  # as hiverge's __main__ does before each run
+      torch.cuda.empty_cache()
+      torch.cuda.synchronize()
+      torch.cuda._sleep(args.sleep_cycles)
+    result = airbench.main(run, model)
+    # airbench94_muon returns its TTA accuracy; hiverge's (val_acc, tta_val_acc, time_seconds)
+    tta_accuracy = result[1] if isinstance(result, tuple) else result
     final = rows[-1]
     runs.append(
       {
         "time_sec": final["time_seconds"],
-        "eval_sec": final["time_seconds"] - rows[-2]["time_seconds"],  # the TTA eval
+        # the TTA eval: the final time less the last epoch's, where the script prints epochs
+        "eval_sec": final["time_seconds"] - rows[-2]["time_seconds"] if len(rows) > 1 else None,
         "epochs": rows[:-1],
         "tta_accuracy": tta_accuracy,
         "accuracy": final["val_acc"],

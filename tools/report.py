@@ -11,9 +11,10 @@ Parts, at GPU sizes (a CPU host runs the same parts at CPU sizes, so the report 
               of the compiled step) over the device's peak (MFU).
   peer        the same networks' training steps in PyTorch on the same device, when torch
               imports (tools/peer_torch.py): our examples/s ÷ theirs. On a CUDA GPU, the
-              speedrun against airbench94_muon itself (tools/peer_airbench.py; the script
-              is fetched apart, --airbench PATH): 3 runs of each on the same pixels in one
-              invocation, our training time ÷ theirs.
+              speedrun against airbench94_muon and against hiverge's cifar10_speedrun, the
+              record holder (tools/peer_airbench.py; each script is fetched apart, --airbench
+              PATH, --hiverge PATH): 3 runs of each on the same pixels in one invocation,
+              our span ÷ theirs.
   streamed    Inception-v3 in bfloat16 on generated ImageNet-sized JPEGs, streamed through as
               many decode workers as the host has cores: examples/s, input wait, and one
               worker's decode rate.
@@ -88,10 +89,9 @@ def plan(scale: str, cores: int) -> list[Measurement]:
     streamed = (("model.dtype", "bfloat16"), ("data_workers", cores), ("model.num_classes", 10))
     m.append(Measurement("streamed", "inception_v3", "Inception-v3", inception, streamed, steps=60))
     bf16 = (("model.dtype", "bfloat16"),)
-    label = "Speedrun (8 epochs) against airbench94_muon"
-    m.append(
-      Measurement("peer", "cifar_speedrun-airbench", label, speedrun, bf16, 3, peer="airbench")
-    )
+    for peer, script in measure.SPEEDRUN_PEERS.items():
+      label = f"Speedrun (8 epochs) against {script.title}"
+      m.append(Measurement("peer", f"cifar_speedrun-{peer}", label, speedrun, bf16, 3, peer=peer))
     m += _dtypes("main", "cifar_vgg", "VGG-16 (200 epochs)", vgg)
     m += _seeds("cifar_speedrun-bfloat16", "Speedrun (8 epochs)", speedrun, 10, "bfloat16")
   elif scale == "cpu":
@@ -184,7 +184,7 @@ ROUGH_MINUTES = {
 
 
 def _rough_minutes(m: Measurement, scale: str, machine: Path) -> str:
-  if m.peer == "airbench":
+  if m.peer in measure.SPEEDRUN_PEERS:
     return "a few minutes: PyTorch compiles with max-autotune, then 3 runs of each recipe"
   if m.part != "main" or scale == "tiny":
     return f"~{ROUGH_MINUTES[scale][m.part]:g} min"
@@ -221,7 +221,7 @@ def _prepare(args):
     raise UserError(
       f"--only={args.only} names no measurement of the {scale} plan{where}; {choices}"
     )
-  trains = lambda m: m.part == "main" or m.peer == "airbench"  # on the real CIFAR-10
+  trains = lambda m: m.part == "main" or m.peer in measure.SPEEDRUN_PEERS  # on real CIFAR-10
   data = image_folder(args.data) if any(map(trains, chosen)) else None
   recorded = lambda m: results.record_path(machine_dir, m.part, m.name).exists()
   todo = [m for m in chosen if (args.again or not recorded(m))]
@@ -277,11 +277,12 @@ def run(args) -> int:
           print(f"  --again: removed {recorded} (git has it) and its runs in {workdir}", flush=True)
         if part == "throughput":
           records = measure.throughput(m, device)
-        elif m.peer == "airbench":
-          if skipped := _airbench_missing(Path(args.airbench)):
+        elif m.peer in measure.SPEEDRUN_PEERS:
+          script = Path(getattr(args, m.peer))
+          if skipped := _speedrun_peer_missing(m.peer, script):
             print(f"peer {m.name}: skipped, {skipped}", flush=True)
             continue
-          records = measure.airbench(m, device, workdir, budget_end, data, Path(args.airbench))
+          records = measure.speedrun_peer(m, device, workdir, budget_end, data, script)
         elif part == "peer":
           records = measure.peer(m, device, measure.peer_speed(m))
         elif part == "streamed":
@@ -301,15 +302,15 @@ def _into_readme(folder: str) -> bool:
   return Path(folder).resolve() == results.RESULTS.resolve()
 
 
-def _airbench_missing(script: Path) -> str:
-  """Why airbench94_muon cannot run here, or "" if it can: it needs the script (never part of
-  this project) and PyTorch with a CUDA GPU."""
+def _speedrun_peer_missing(peer: str, script: Path) -> str:
+  """Why the speedrun peer cannot run here, or "" if it can: it needs the script (never part
+  of this project) and PyTorch with a CUDA GPU."""
   import torch
 
   if not torch.cuda.is_available():
-    return "airbench94_muon.py runs on a CUDA GPU only"
+    return f"{measure.SPEEDRUN_PEERS[peer].script} runs on a CUDA GPU only"
   if not script.is_file():
-    return f"no {script} (--airbench PATH; docs/gpu_hosts.md says where to get it)"
+    return f"no {script} (--{peer} PATH; docs/gpu_hosts.md says where to get it)"
   return ""
 
 
@@ -330,8 +331,8 @@ def expected_rows() -> list[dict]:
       if m.part == "main":
         args = measure.train_command(m, {"dataset": "folder", "data_dir": "DIR"})
         command = "./launch.sh " + shlex.join(args)
-      elif m.peer == "airbench":
-        command = measure.airbench_command(m)
+      elif m.peer in measure.SPEEDRUN_PEERS:
+        command = measure.speedrun_peer_command(m)
       else:
         continue
       rows.append(
@@ -364,9 +365,10 @@ def main() -> int:
   )
   parser.add_argument("--results", default=str(results.RESULTS), help=argparse.SUPPRESS)
   parser.add_argument("--workdir", default="runs/report", help="where the runs train")
-  parser.add_argument(
-    "--airbench", default=str(ROOT / "airbench94_muon.py"), help="the peer: airbench94_muon.py"
-  )
+  for peer, script in measure.SPEEDRUN_PEERS.items():
+    parser.add_argument(
+      f"--{peer}", default=str(ROOT / script.script), help=f"the peer: {script.script}"
+    )
   args = parser.parse_args()
   try:
     if not args.budget > 0:

@@ -79,7 +79,9 @@ def test_the_speedrun_against_airbench_takes_the_place_of_its_not_measured_row(t
     "peer_test_accuracy": [0.905, 0.915],
     "ratio": 3.2 / 2.6,
   }
-  record = measure._record(m, device, measure.airbench_command(m), numbers, dataset="cifar10-jpeg")
+  record = measure._record(
+    m, device, measure.speedrun_peer_command(m), numbers, dataset="cifar10-jpeg"
+  )
   expected = report.expected_rows()
   before = results.main_table([], expected)
   assert "| Speedrun (8 epochs) against airbench94_muon, bfloat16 | cifar10-jpeg (50,000 " in before
