@@ -39,6 +39,10 @@ def training_defaults() -> ml_collections.ConfigDict:
   # CPU: keep the memory a step frees for the next step instead of giving it back to the
   # system (research/host_memory.py); False where a step's buffers approach the host's memory.
   c.keep_freed_host_memory = True
+  # Run the compiled step (on a copy of the state, which it needs room for) and the final eval
+  # once before the clock starts, their results discarded, so that the timed steps run warm
+  # (GPU kernels loaded, memory pools grown), as airbench times its runs after a warm-up run.
+  c.warm_up = False
 
   # Batches and length. batch_size is GLOBAL: split evenly over all devices.
   c.batch_size = 256

@@ -52,6 +52,7 @@ class Training:
   micro_batch: int  # examples per forward/backward pass on each device
   eval_every: int  # steps between periodic evals (0: at the end only)
   checkpoint_every: int  # steps between checkpoints (0: by time and at the end only)
+  warm_up: bool  # the compiled step and eval run once, results discarded, before the clock
   warm: dict | None  # what the state took from `init_from` (None: from scratch or resumed)
 
 
@@ -105,6 +106,7 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
     every_steps(
       config.checkpoint_every_steps, config.checkpoint_every_epochs, inputs.steps_per_epoch
     ),
+    config.warm_up,
     warm,
   )
 
@@ -396,6 +398,13 @@ def _compiled_step(training: Training, rstate, first_batch, times: dict, echo, i
     inputs.compile_evals(rstate, (True, False) if periodic else (True,))
     times["eval_compile_sec"] = time.perf_counter() - start
     compiled += f", the eval in {times['eval_compile_sec']:.1f} s"
+  if training.warm_up:
+    start = time.perf_counter()
+    copy = jax.tree.map(lambda x: x.copy(), rstate)  # the step donates (consumes) its state
+    jax.block_until_ready(p_train_step(copy, first_batch))
+    if inputs.compile_evals:
+      inputs.evaluate(rstate, True)
+    compiled += f"; ran each once to warm up in {time.perf_counter() - start:.1f} s"
   if is_main:
     echo(compiled)
   return p_train_step

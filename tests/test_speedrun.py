@@ -117,6 +117,20 @@ def test_the_whitening_filters_come_from_the_data_and_whiten_it(training):
   assert not np.allclose(kernel, training.state.params["whiten"]["kernel"])
 
 
+def test_the_warm_up_run_changes_nothing_the_run_computes(tmp_path):
+  """`warm_up` (the recipe's default) runs the step and the eval once before the clock on a
+  copy of the state: the run's losses and final eval are the same, bit for bit, without it."""
+  runs = {}
+  for warm_up in (True, False):
+    config = configuration.load(SMOKE)
+    config.num_train_steps, config.log_every_steps, config.warm_up = 3, 1, warm_up
+    final = train_and_evaluate(config, str(tmp_path / str(warm_up)))
+    lines = (tmp_path / str(warm_up) / "metrics.jsonl").read_text().splitlines()
+    losses = [json.loads(line)["loss"] for line in lines if '"loss"' in line]
+    runs[warm_up] = (losses, final["eval_loss"], final["eval_accuracy"])
+  assert runs[True] == runs[False]
+
+
 def test_a_resumed_run_takes_its_data_computed_parameters_from_the_checkpoint(
   tmp_path, monkeypatch
 ):
