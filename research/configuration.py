@@ -5,10 +5,12 @@ We parse overrides ourselves rather than through absl's config_flags so that eve
 """
 
 import ast
+import contextlib
 import difflib
 import importlib
 import importlib.util
 import sys
+import traceback
 from pathlib import Path
 
 import ml_collections
@@ -26,13 +28,34 @@ def load(spec: str) -> ml_collections.ConfigDict:
     sys.path.insert(0, root)
   module_spec = importlib.util.spec_from_file_location(f"_config_{Path(path).stem}", path)
   module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
+  with _one_line(path):
+    module_spec.loader.exec_module(module)
   if not callable(getattr(module, "get_config", None)):
     raise UserError(
       f"{path} defines no get_config(), so it is not a config; configs here: "
       f"{', '.join(_configs_here())}"
     )
-  return module.get_config(arg or None)
+  with _one_line(path):
+    return module.get_config(arg or None)
+
+
+@contextlib.contextmanager
+def _one_line(path: str):
+  """A config file that does not run (a syntax error, a missing name, an exception in
+  get_config) as one user error: the file, the line of it that failed, the exception."""
+  try:
+    yield
+  except UserError:
+    raise
+  except SyntaxError as e:
+    raise UserError(f"{path}:{e.lineno}: SyntaxError: {e.msg}") from None
+  except Exception as e:
+    file = Path(path).resolve()
+    frames = [
+      f for f in traceback.extract_tb(e.__traceback__) if Path(f.filename).resolve() == file
+    ]
+    line = f":{frames[-1].lineno}" if frames else ""
+    raise UserError(f"{path}{line}: {type(e).__name__}: {e}") from None
 
 
 def import_modules(config: ml_collections.ConfigDict) -> None:

@@ -65,6 +65,21 @@ def test_config_file_not_found(tmp_path):
   assert "configs/common.py" not in line  # the configs' shared helpers, not a config
 
 
+@pytest.mark.parametrize(
+  "body, expected",
+  [
+    ("def get_config(arg=None):\n  return dict(\n", ":2: SyntaxError: '(' was never closed"),
+    ("import nowhere_to_be_found\n", ":1: ModuleNotFoundError: No module named"),
+    ("def get_config(arg=None):\n  return 1 / 0\n", ":2: ZeroDivisionError: division by zero"),
+  ],
+)
+def test_a_config_file_that_does_not_run_is_one_line_naming_its_line(tmp_path, body, expected):
+  config = tmp_path / "broken.py"
+  config.write_text(body)
+  line = _single_error_line(_run(["--config", str(config)], tmp_path))
+  assert line.startswith(f"error: {config}{expected}"), line
+
+
 def test_bad_value_type(tmp_path):
   line = _single_error_line(_run(["--config", SMOKE, "--config.batch_size=lots"], tmp_path))
   assert "--config.batch_size: cannot parse 'lots' as an int" in line
