@@ -19,7 +19,9 @@
 # command checks the imports it needs and names any missing package with its pip command.
 # RESEARCH_WHEELHOUSE=DIR: install .venv from the wheels in DIR only (no index, no internet).
 set -euo pipefail
+caller=$PWD  # the commands read the paths they are given from here
 cd "$(dirname "$0")"
+root=$PWD
 
 VENV=${RESEARCH_VENV:-.venv}
 PYTHONS=(3.13 3.12)  # the versions the locks are tested on, newest first (JAX needs >= 3.12)
@@ -250,11 +252,21 @@ fi
 
 if [[ -n ${RESEARCH_PYTHON:-} ]]; then
   py=$RESEARCH_PYTHON  # as it is: research.environment names what it lacks
+  [[ $py == */* && $py != /* ]] && py=$caller/$py  # a relative path: from where it was given
   command -v "$py" >/dev/null 2>&1 || { echo "error: RESEARCH_PYTHON=$py is not a program" >&2; exit 2; }
 else
   setup_venv "$(wanted_extras)"
   py=$VENV/bin/python
+  [[ $py == /* ]] || py=$root/$py
 fi
+
+# Training, eval, predict, report and bench run where the user started them, so that the paths
+# they take are read from there; the checkout is found on the PYTHONPATH.
+from_caller() {
+  cd "$caller"
+  export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
+  exec "$py" -m "$@"
+}
 
 case $1 in
   test)
@@ -268,9 +280,9 @@ case $1 in
     # compiling. worksteal: an idle worker takes queued tests from a busy one.
     exec "$py" -m pytest -n "${PYTEST_WORKERS:-auto}" --dist worksteal "$@"
     ;;
-  bench) shift; exec "$py" -m tools.benchmark "$@" ;;
-  report) shift; exec "$py" -m tools.report "$@" ;;
-  eval | predict) exec "$py" -m research.trained "$@" ;;
+  bench) shift; from_caller tools.benchmark "$@" ;;
+  report) shift; from_caller tools.report "$@" ;;
+  eval | predict) from_caller research.trained "$@" ;;
   *)
     config=$1
     shift
@@ -278,6 +290,6 @@ case $1 in
     for arg in "$@"; do
       [[ $arg =~ ^--config\.scaling_report=(True|true|1)$ ]] && module=tools.scaling
     done
-    exec "$py" -m "$module" --config="$config" "$@"
+    from_caller "$module" --config="$config" "$@"
     ;;
 esac

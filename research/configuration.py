@@ -9,6 +9,7 @@ import contextlib
 import difflib
 import importlib
 import importlib.util
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -58,6 +59,18 @@ def _one_line(path: str):
     raise UserError(f"{path}{line}: {type(e).__name__}: {e}") from None
 
 
+PATH_FIELDS = ("data_dir", "init_from")  # read from where the command was started
+
+
+def absolute_paths(config: ml_collections.ConfigDict, base: Path) -> None:
+  """Makes the config's paths absolute (`~` expanded), read relative to `base`: the directory a
+  command was started from, or for a run's recorded config, where runs recorded before paths
+  were made absolute were started (the repository root, as launch.sh ran them)."""
+  for field in PATH_FIELDS:
+    if config.get(field):
+      config[field] = str((base / Path(config[field]).expanduser()).resolve())
+
+
 def import_modules(config: ml_collections.ConfigDict) -> None:
   """Imports the modules `config.modules` names, where a fork registers its parts; a user
   error for one that does not import."""
@@ -81,8 +94,9 @@ def import_modules(config: ml_collections.ConfigDict) -> None:
 
 def _configs_here() -> list[str]:
   """The files of configs/ that define get_config (not the helpers they share)."""
-  paths = Path("configs").glob("[!_]*.py")
-  return sorted(str(p) for p in paths if "\ndef get_config(" in p.read_text())
+  paths = (Path(__file__).parent.parent / "configs").glob("[!_]*.py")
+  here = lambda p: os.path.relpath(p) if p.is_relative_to(Path.cwd()) else str(p)
+  return sorted(here(p) for p in paths if "\ndef get_config(" in p.read_text())
 
 
 def _fields(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]:

@@ -140,6 +140,7 @@ def load_config(args, overrides):
   config = configuration.load(args.config)
   for field, value in overrides:
     configuration.override(config, field, value)
+  configuration.absolute_paths(config, Path.cwd())  # recorded as absolute: usable from anywhere
   configuration.import_modules(config)  # a fork's parts, before anything checks the config
   return config
 
@@ -154,6 +155,7 @@ def checked_workdir(args, config) -> Path:
   if jax.process_count() > 1 and not args.workdir:
     raise UserError("multi-process runs need --workdir=DIR on a filesystem all hosts share")
   workdir = Path(args.workdir).expanduser() if args.workdir else default_workdir(args.config)
+  workdir = workdir.absolute()  # what the run prints and records: usable from anywhere
   workdir_lib.check_writable(workdir)
   workdir_lib.check_resumable(workdir, config, args.allow_config_change)
   return workdir

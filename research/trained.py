@@ -24,6 +24,7 @@ import csv
 import dataclasses
 import functools
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -43,7 +44,7 @@ from research import checkpoint, configuration, environment, models, steps, vali
 from research import inputs as inputs_lib
 from research import workdir as workdir_lib
 from research.data import folder
-from research.errors import EXIT_USER_ERROR, UserError
+from research.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, UserError
 from research.inputs import replicate
 from research.metrics import eval_record, format_eval_line
 from research.steps import AXIS
@@ -109,6 +110,7 @@ def run_config(workdir: Path) -> ml_collections.ConfigDict:
     defaults = training_defaults()
     defaults.update(config)
     config = defaults
+  configuration.absolute_paths(config, environment.ROOT)  # runs that recorded them relative
   if config.get("experiment") != "train":
     raise UserError(
       f"{workdir} holds a {config.get('experiment')!r} experiment, not a training run"
@@ -239,11 +241,16 @@ def _write(rows: list[dict], top_k: int, output) -> None:
   header += [f"{name}_{k}" for k in range(2, top_k + 1) for name in ("class", "probability")]
   pairs = lambda row: zip(row["classes"], row["probabilities"], strict=True)
   table = [[row["path"], *(v for pair in pairs(row) for v in pair)] for row in rows]
-  if output:
-    with open(output, "w", newline="") as f:
-      writer = csv.writer(f)
-      writer.writerow(header)
-      writer.writerows([[c if isinstance(c, str) else f"{c:.6f}" for c in r] for r in table])
+  if output:  # written whole or not at all: a Ctrl-C leaves an earlier file as it was
+    partial = Path(f"{output}.partial")
+    try:
+      with open(partial, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows([[c if isinstance(c, str) else f"{c:.6f}" for c in r] for r in table])
+      partial.replace(output)
+    finally:
+      partial.unlink(missing_ok=True)
     print(f"wrote {len(rows)} predictions to {output}")
     return
   text = [[c if isinstance(c, str) else f"{c:.4f}" for c in r] for r in table]
@@ -379,6 +386,14 @@ def main(argv: list[str]) -> int:
   except UserError as e:
     print(f"error: {e}", file=sys.stderr)
     return EXIT_USER_ERROR
+  except KeyboardInterrupt:
+    command = argv[0] if argv else "the command"
+    print(f"\n{command} interrupted (Ctrl-C); nothing more was written", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Not a normal exit: the interrupt may have cut JAX off mid-work, and tearing the
+    # interpreter down under its threads can crash (as research/main.py says).
+    os._exit(EXIT_INTERRUPTED)
   return 0
 
 

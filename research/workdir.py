@@ -38,6 +38,7 @@ RESUMABLE_FIELDS = {
   "profile_steps",
   "data_dir",
   "data_fallback",
+  "init_from",  # read by a fresh run only; a resume never reads it
 }
 
 

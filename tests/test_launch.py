@@ -1,7 +1,9 @@
 """launch.sh on machines it does not set up itself: an installed Python (RESEARCH_PYTHON), a
 venv prepared on a login node for a GPU node, and the imports each kind of run needs."""
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -246,3 +248,27 @@ def test_help_is_the_usage_and_no_arguments_is_the_usage_with_an_error_code(args
   assert (
     result.stdout.startswith("./launch.sh CONFIG[:variant]") and "./launch.sh test" in result.stdout
   )
+
+
+def test_paths_are_read_from_where_the_command_was_started(tmp_path):
+  """From a directory outside the checkout, every path given relative to it is read from
+  there: the config file, --workdir, data_dir, predict's inputs and --output, init_from; the
+  run records its paths absolute, so they hold from anywhere."""
+  shutil.copytree(ROOT / "tests/data/cifar10_slice", tmp_path / "data")
+  config = os.path.relpath(ROOT / "configs/cifar_keras_cnn.py", tmp_path) + ":smoke"
+  env = {**os.environ, "RESEARCH_PYTHON": sys.executable}
+  launch = lambda *args: subprocess.run(
+    [str(ROOT / "launch.sh"), *args], cwd=tmp_path, capture_output=True, text=True, env=env
+  )
+  data = ["--config.dataset=folder", "--config.data_dir=data", "--config.num_train_steps=2"]
+  trained = launch(config, "--workdir=run", *data, "--config.eval_every_steps=0")
+  assert trained.returncode == 0, trained.stderr
+  recorded = json.loads((tmp_path / "run" / "config.json").read_text())
+  assert recorded["data_dir"] == str(tmp_path / "data")
+  predicted = launch("predict", "run", "data/test/cat", "--output=out.csv")
+  assert predicted.returncode == 0, predicted.stderr
+  assert len((tmp_path / "out.csv").read_text().splitlines()) == 1 + 8  # a header, 8 images
+  tuned = launch(config, "--workdir=tuned", *data, "--config.init_from=run")
+  assert tuned.returncode == 0, tuned.stderr
+  recorded = json.loads((tmp_path / "tuned" / "config.json").read_text())
+  assert recorded["init_from"] == str(tmp_path / "run")

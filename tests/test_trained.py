@@ -248,3 +248,27 @@ def test_predict_and_a_fine_tune_run_on_one_device_as_on_8(run, tmp_path):
   assert (
     "2 initialised afresh (another shape, or absent there): params/Dense_1/bias" in result.stdout
   )
+
+
+def test_ctrl_c_in_predict_is_one_line_and_130_and_leaves_the_output_file_as_it_was(tmp_path):
+  output = tmp_path / "predictions.csv"
+  output.write_text("an earlier file\n")
+  # A Ctrl-C while the CSV is being written: the earlier file stays, no partial file is left.
+  program = f"""
+import csv, sys
+from research import trained
+class Interrupted:
+  def __init__(self, f): pass
+  def writerow(self, row): pass
+  def writerows(self, rows): raise KeyboardInterrupt
+csv.writer = Interrupted
+rows = [dict(path="a.jpg", classes=["cat"], probabilities=[1.0])]
+trained.predict = lambda *args, **kwargs: trained._write(rows, 1, {str(output)!r})
+sys.exit(trained.main(["predict", "WORKDIR", "a.jpg", "--output={output}"]))
+"""
+  result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
+  assert result.returncode == 130
+  lines = [line for line in result.stderr.splitlines() if line.strip()]
+  assert lines == ["predict interrupted (Ctrl-C); nothing more was written"], result.stderr
+  assert output.read_text() == "an earlier file\n"
+  assert list(tmp_path.iterdir()) == [output]
