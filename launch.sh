@@ -3,6 +3,7 @@
 # ./launch.sh test [PYTEST_ARGS ...]                                         lint + the test suite
 # ./launch.sh eval WORKDIR [--step=N] [--config.FIELD=VALUE ...]   a run's checkpoint, evaluated again
 # ./launch.sh predict WORKDIR PATH ... [--top_k=K] [--output=FILE.csv]   its classes for images
+# ./launch.sh python SCRIPT.py [ARGS ...]           the project's Python, `research` importable
 # ./launch.sh report [--only PART] [--data DIR]     measure the results table on this machine
 # ./launch.sh bench [--only NAME] [--small]         benchmark ratios
 # ./launch.sh setup [--gpu|--cpu]                   install .venv now (--gpu: for a GPU node)
@@ -265,7 +266,7 @@ fi
 from_caller() {
   cd "$caller"
   export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
-  exec "$py" -m "$@"
+  exec "$py" "$@"
 }
 
 case $1 in
@@ -280,9 +281,10 @@ case $1 in
     # compiling. worksteal: an idle worker takes queued tests from a busy one.
     exec "$py" -m pytest -n "${PYTEST_WORKERS:-auto}" --dist worksteal "$@"
     ;;
-  bench) shift; from_caller tools.benchmark "$@" ;;
-  report) shift; from_caller tools.report "$@" ;;
-  eval | predict) from_caller research.trained "$@" ;;
+  bench) shift; from_caller -m tools.benchmark "$@" ;;
+  report) shift; from_caller -m tools.report "$@" ;;
+  eval | predict) from_caller -m research.trained "$@" ;;
+  python) shift; from_caller "$@" ;;  # the project's interpreter: a script that imports research
   *)
     config=$1
     shift
@@ -290,6 +292,6 @@ case $1 in
     for arg in "$@"; do
       [[ $arg =~ ^--config\.scaling_report=(True|true|1)$ ]] && module=tools.scaling
     done
-    from_caller "$module" --config="$config" "$@"
+    from_caller -m "$module" --config="$config" "$@"
     ;;
 esac

@@ -72,12 +72,30 @@ class Trained:
   model: nn.Module
   step: int  # the checkpoint's
 
-  def predict(self, images_u8, sizes=None) -> np.ndarray:
-    """Class probabilities [N, num_classes] of uint8 images [N, H, W, 3] of the size the run
-    trained on, through its eval preprocessing (every view); `sizes` [N, 2]: the valid part
-    of padded images, for a run on streamed data."""
-    images_u8 = jnp.asarray(images_u8, jnp.uint8)
+  def predict(self, images, sizes=None) -> np.ndarray:
+    """Class probabilities [N, num_classes] of `images`: image files or PIL images (a list),
+    read and resized as `./launch.sh predict` reads them (the same probabilities); or uint8
+    [N, H, W, 3] of the size the run trained on, `sizes` [N, 2] the valid part of padded
+    images for a run on streamed data. Through the run's eval preprocessing (every view)."""
+    if isinstance(images, (list, tuple)):
+      examples = [self.example(image) for image in images]
+      return _on_all_devices(self, examples, self.config.eval_batch_size, self._streamed)
+    images_u8 = jnp.asarray(images, jnp.uint8)
     return np.asarray(self._jitted_probabilities(self.variables, images_u8, sizes))
+
+  def example(self, image) -> dict:
+    """{"image": uint8 [size, size, 3]} (and "size", its valid part, for a run on streamed
+    data) of an image file or a PIL image, as the run's examples are stored: its shorter side
+    resized to the run's size and its centre cropped; streamed, its longer side resized and
+    the rest padded."""
+    size = stored_size(self.config)
+    if self._streamed:
+      return folder.pad_to_square(folder.read_rgb(image, max_side=size), size)
+    return {"image": folder.read_rgb(image, cover=size)}
+
+  @functools.cached_property
+  def _streamed(self) -> bool:  # the eval takes each image's valid part (a streamed run)
+    return augment_lib.build(self.config.eval_preprocess).windowed
 
   @functools.cached_property
   def _jitted_probabilities(self) -> Callable:  # one jit: a second call of a shape reuses it
@@ -173,21 +191,16 @@ def predict(workdir, paths, top_k: int = 1, output=None, step: int | None = None
   if not 1 <= top_k <= len(model.classes):
     raise UserError(f"--top_k={top_k}: choose 1 to {len(model.classes)} (the run's classes)")
   files = _image_files(paths)
-  streamed = augment_lib.build(model.config.eval_preprocess).windowed
-  size = stored_size(model.config)
   decoded = []
   for path in files:
     try:
-      image = folder.read_rgb(str(path), max_side=size) if streamed else None
-      image = folder.read_rgb(str(path), cover=size) if image is None else image
+      decoded.append((path, model.example(str(path))))
     except folder.DECODE_ERRORS as e:
       print(f"skipped {path}: not an image PIL can decode ({type(e).__name__})", file=sys.stderr)
-      continue
-    decoded.append((path, folder.pad_to_square(image, size) if streamed else {"image": image}))
   if not decoded:
     raise UserError(f"no image under {', '.join(map(str, paths))} could be decoded")
   examples = [d for _, d in decoded]
-  probabilities = _on_all_devices(model, examples, model.config.eval_batch_size, streamed)
+  probabilities = _on_all_devices(model, examples, model.config.eval_batch_size, model._streamed)
   rows = []
   for (path, _), p in zip(decoded, probabilities, strict=True):
     best = np.argsort(-p, kind="stable")[:top_k]

@@ -272,3 +272,8 @@ def test_paths_are_read_from_where_the_command_was_started(tmp_path):
   assert tuned.returncode == 0, tuned.stderr
   recorded = json.loads((tmp_path / "tuned" / "config.json").read_text())
   assert recorded["init_from"] == str(tmp_path / "run")
+  script = "from research import trained\nprint(trained.load('run').predict(['photo.jpg']).shape)\n"
+  (tmp_path / "script.py").write_text(script)
+  shutil.copy(tmp_path / "data/test/cat/0001.jpg", tmp_path / "photo.jpg")
+  loaded = launch("python", "script.py")  # the project's Python: research importable
+  assert loaded.returncode == 0 and loaded.stdout.strip() == "(1, 10)", loaded.stderr

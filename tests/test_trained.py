@@ -76,6 +76,27 @@ def test_load_predicts_the_eval_s_classes_from_images(run):
   assert correct == round(final["eval_accuracy"] * final["eval_examples"])  # float32 record
 
 
+def test_load_predicts_on_image_files_and_pil_images_as_predict_does(run, tmp_path):
+  """`load(WORKDIR).predict` of files or PIL images reads them as `./launch.sh predict` does
+  (any size: the shorter side resized, the centre cropped): the same probabilities."""
+  workdir, _ = run
+  photos = tmp_path / "photos"
+  photos.mkdir()
+  for i, path in enumerate(sorted((SLICE / "test" / "cat").glob("*.jpg"))[:3]):
+    Image.open(path).resize((57 + 9 * i, 31 + 5 * i)).save(photos / f"{i}.png")  # not 32×32
+  paths = sorted(photos.glob("*.png"))
+  rows = trained.predict(workdir, [photos], top_k=10)
+  model = trained.load(workdir)
+  from_files = model.predict([str(p) for p in paths])
+  from_pil = model.predict([Image.open(p) for p in paths])
+  np.testing.assert_array_equal(from_files, from_pil)
+  for row, p in zip(rows, from_files, strict=True):
+    by_class = dict(zip(row["classes"], row["probabilities"], strict=True))
+    np.testing.assert_array_equal([by_class[c] for c in model.classes], p)
+  squashed = np.stack([np.asarray(Image.open(p).convert("RGB").resize((32, 32))) for p in paths])
+  assert not np.array_equal(model.predict(squashed), from_files)  # a crop, not a squash
+
+
 def test_eval_s_bad_inputs_are_user_errors_before_anything_is_written(run, tmp_path):
   workdir, _ = run
   with pytest.raises(UserError, match="holds no checkpoint of step 3; it holds steps \\[10\\]"):

@@ -202,10 +202,12 @@ def as_rgb(image: Image.Image) -> Image.Image:
   return image if image.mode == "RGB" else image.convert("RGB")
 
 
-def read_rgb(path: str, max_side: int = 0, cover: int = 0) -> np.ndarray:
-  """Decodes one file to uint8 [h, w, 3] upright (`as_rgb`); with max_side, its longer side
-  resized to max_side; with cover, its shorter side resized to cover and its center cropped to
-  cover × cover (an image of that size already is kept as it is)."""
+def read_rgb(path, max_side: int = 0, cover: int = 0) -> np.ndarray:
+  """Decodes one file (or a PIL image) to uint8 [h, w, 3] upright (`as_rgb`); with max_side,
+  its longer side resized to max_side; with cover, its shorter side resized to cover and its
+  center cropped to cover × cover (an image of that size already is kept as it is)."""
+  if isinstance(path, Image.Image):
+    return _decode(path.copy(), max_side, cover)  # draft and resize leave the caller's as it is
   with Image.open(path) as image:
     return _decode(image, max_side, cover)
 
