@@ -99,6 +99,14 @@ def _kernel_matrix(update) -> MuonDimensionNumbers:
   return MuonDimensionNumbers(reduction_axis=tuple(range(update.ndim - 1)), output_axis=-1)
 
 
+def _cast_updates(dtype) -> optax.GradientTransformation:
+  """The updates in `dtype`."""
+  return optax.GradientTransformation(
+    lambda params: optax.EmptyState(),
+    lambda updates, state, params=None: (optax.tree.cast(updates, dtype), state),
+  )
+
+
 def renormalize_weights() -> optax.GradientTransformation:
   """Adds to the update what first rescales each parameter to norm sqrt(its last dimension):
   p + update becomes p · sqrt(out) / |p| + update."""
@@ -115,15 +123,20 @@ def renormalize_weights() -> optax.GradientTransformation:
 @register("muon", decays_weights=True, groups_only=True)
 def muon(learning_rate, fields) -> optax.GradientTransformation:
   """Momentum orthogonalised by Newton-Schulz per kernel, weight decay decoupled (as
-  optax.contrib.muon), kernels renormalised where `normalize_weights` (airbench's Muon)."""
-  chain = [
+  optax.contrib.muon), kernels renormalised where `normalize_weights` (airbench's Muon).
+  `muon_dtype` "bfloat16": the gradients, the momentum and Newton-Schulz in bfloat16, as
+  airbench and hiverge keep theirs in 16 bits (the momentum state then is bfloat16 too)."""
+  low = jnp.dtype(fields.muon_dtype)
+  chain = [] if low == jnp.float32 else [_cast_updates(low)]  # float32: the state as before
+  chain.append(
     scale_by_muon(
       ns_steps=fields.ns_steps,
       beta=fields.momentum,
       nesterov=fields.nesterov,
+      mu_dtype=None if low == jnp.float32 else low,
       weight_dimension_numbers=lambda updates: jax.tree.map(_kernel_matrix, updates),
     )
-  ]
+  )
   if fields.weight_decay:
     chain.append(optax.add_decayed_weights(fields.weight_decay))
   chain.append(optax.scale_by_learning_rate(learning_rate))
@@ -148,7 +161,7 @@ def _transforms(fields, schedule, mask=None) -> list[optax.GradientTransformatio
   return transforms
 
 
-GROUP_FIELDS = ("train_fraction", "ns_steps", "normalize_weights")  # a group's own
+GROUP_FIELDS = ("train_fraction", "ns_steps", "normalize_weights", "muon_dtype")  # a group's own
 
 
 def group_fields(config: ml_collections.ConfigDict) -> dict:
@@ -159,6 +172,7 @@ def group_fields(config: ml_collections.ConfigDict) -> dict:
     train_fraction=1.0,
     ns_steps=5,
     normalize_weights=False,
+    muon_dtype="float32",
     learning_rate=0.0,  # 0: the config's (scaled to the batch)
   )
   groups = {}

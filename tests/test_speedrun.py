@@ -12,7 +12,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from research import augment, configuration, optim, steps
+from research import augment, configuration, optim, steps, validate
 from research.errors import UserError
 from research.inputs import first_replica, replicate
 from research.models import speedrun
@@ -44,6 +44,30 @@ def _one_step(training, state, images_u8, labels, n_devices, **bind):
 def _batch(n=64, seed=0):
   rng = np.random.default_rng(seed)
   return rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8), rng.integers(0, 10, n)
+
+
+def test_muon_in_bfloat16_keeps_its_momentum_and_orthogonalises_in_bfloat16(training):
+  """`muon_dtype="bfloat16"` (a parameter group's field): the filters' momentum is bfloat16
+  and their update finite; the default keeps float32 and the state's layout; another dtype is
+  an error line."""
+  config = configuration.load(SMOKE)
+  params = training.state.params
+  momenta = lambda state: [
+    leaf.dtype
+    for path, leaf in jax.tree_util.tree_leaves_with_path(state)
+    if "mu" in jax.tree_util.keystr(path) and "conv" in jax.tree_util.keystr(path)
+  ]
+  assert set(momenta(optim.create_optimizer(config, 1, 10).init(params))) == {jnp.dtype("float32")}
+  config.param_groups.filters.muon_dtype = "bfloat16"
+  tx = optim.create_optimizer(config, 1, 10)
+  state = tx.init(params)
+  assert set(momenta(state)) == {jnp.dtype("bfloat16")}
+  grads = jax.tree.map(lambda p: jnp.full_like(p, 1e-3), params)
+  updates, _ = tx.update(grads, state, params)
+  assert all(bool(jnp.isfinite(u).all()) for u in jax.tree.leaves(updates))
+  config.param_groups.filters.muon_dtype = "float16"
+  with pytest.raises(UserError, match="param_groups.filters.muon_dtype='float16' is not one of"):
+    validate.train_config(config, 8)
 
 
 def test_the_frozen_whitening_kernel_is_not_differentiated(training):
