@@ -213,14 +213,11 @@ def labels(config: ml_collections.ConfigDict, params) -> dict:
   return result
 
 
-def frozen_mask(config: ml_collections.ConfigDict, params):
-  """True for each parameter a group freezes for the whole run (an optimizer registered with
-  frozen=True), which the step then does not differentiate; None where no group does."""
-  frozen = {
-    name
-    for name, group in config.param_groups.items()
-    if OPTIMIZERS.options[group.get("optimizer", config.optimizer)].get("frozen")
-  }
+def frozen_mask(config: ml_collections.ConfigDict, params, groups: dict):
+  """True for each parameter a group (`groups`: group_fields) freezes for the whole run (an
+  optimizer registered with frozen=True), which the step then does not differentiate; None
+  where no group does."""
+  frozen = {n for n, g in groups.items() if OPTIMIZERS.options[g.optimizer].get("frozen")}
   if not frozen:
     return None
   return jax.tree.map(lambda label: label in frozen, labels(config, params))

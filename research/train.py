@@ -90,7 +90,7 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
     num_classes=config.model.num_classes,
     micro_batch=micro_batch,
     loss_scale=config.batch_size if config.loss_reduction == "sum" else 1.0,
-    frozen=optim.frozen_mask(config, state.params),
+    frozen=optim.frozen_mask(config, state.params, checked.groups),
   )
   return Training(
     inputs,
