@@ -79,7 +79,7 @@ class Trained:
     images for a run on streamed data. Through the run's eval preprocessing (every view)."""
     if isinstance(images, (list, tuple)):
       examples = [self.example(image) for image in images]
-      return _on_all_devices(self, examples, self.config.eval_batch_size, self._streamed)
+      return _on_all_devices(self, examples, self.config.eval_batch_size, self.streamed)
     images_u8 = jnp.asarray(images, jnp.uint8)
     return np.asarray(self._jitted_probabilities(self.variables, images_u8, sizes))
 
@@ -89,13 +89,18 @@ class Trained:
     resized to the run's size and its centre cropped; streamed, its longer side resized and
     the rest padded."""
     size = stored_size(self.config)
-    if self._streamed:
+    if self.streamed:
       return folder.pad_to_square(folder.read_rgb(image, max_side=size), size)
     return {"image": folder.read_rgb(image, cover=size)}
 
   @functools.cached_property
-  def _streamed(self) -> bool:  # the eval takes each image's valid part (a streamed run)
-    return augment_lib.build(self.config.eval_preprocess).windowed
+  def preprocess(self) -> Callable:
+    """The run's eval preprocessing (research/augment.py), built once."""
+    return augment_lib.build(self.config.eval_preprocess, self.config.seed)
+
+  @property
+  def streamed(self) -> bool:  # the eval takes each image's valid part (a streamed run)
+    return self.preprocess.windowed
 
   @functools.cached_property
   def _jitted_probabilities(self) -> Callable:  # one jit: a second call of a shape reuses it
@@ -103,9 +108,8 @@ class Trained:
 
   def probabilities(self, variables, images_u8, sizes=None):
     """`predict` as a function of the variables, to jit or pmap."""
-    preprocess = augment_lib.build(self.config.eval_preprocess, self.config.seed)
     weights = Weights(variables["params"], variables["batch_stats"], self.model.apply)
-    logits, _ = steps.eval_logits(weights, images_u8, sizes, preprocess=preprocess)
+    logits, _ = steps.eval_logits(weights, images_u8, sizes, preprocess=self.preprocess)
     return jax.nn.softmax(logits)
 
 
@@ -200,7 +204,7 @@ def predict(workdir, paths, top_k: int = 1, output=None, step: int | None = None
   if not decoded:
     raise UserError(f"no image under {', '.join(map(str, paths))} could be decoded")
   examples = [d for _, d in decoded]
-  probabilities = _on_all_devices(model, examples, model.config.eval_batch_size, model._streamed)
+  probabilities = _on_all_devices(model, examples, model.config.eval_batch_size, model.streamed)
   rows = []
   for (path, _), p in zip(decoded, probabilities, strict=True):
     best = np.argsort(-p, kind="stable")[:top_k]
