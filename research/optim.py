@@ -125,7 +125,8 @@ def muon(learning_rate, fields) -> optax.GradientTransformation:
   """Momentum orthogonalised by Newton-Schulz per kernel, weight decay decoupled (as
   optax.contrib.muon), kernels renormalised where `normalize_weights` (airbench's Muon).
   `muon_dtype` "bfloat16": the gradients, the momentum and Newton-Schulz in bfloat16, as
-  airbench and hiverge keep theirs in 16 bits (the momentum state then is bfloat16 too)."""
+  airbench and hiverge keep theirs in 16 bits (the momentum state then is bfloat16 too);
+  "model" (group_fields): the model's compute dtype."""
   low = jnp.dtype(fields.muon_dtype)
   chain = [] if low == jnp.float32 else [_cast_updates(low)]  # float32: the state as before
   chain.append(
@@ -184,7 +185,10 @@ def group_fields(config: ml_collections.ConfigDict) -> dict:
         + (f"unknown fields {sorted(unknown)}" if unknown else "needs a `match` pattern")
         + f"; a group has match and any of the config's fields or {', '.join(GROUP_FIELDS)}"
       )
-    groups[name] = ml_collections.ConfigDict({**defaults, **group.to_dict()})
+    fields = {**defaults, **group.to_dict()}
+    if fields["muon_dtype"] == "model":  # Muon in the model's compute dtype
+      fields["muon_dtype"] = config.model.dtype
+    groups[name] = ml_collections.ConfigDict(fields)
   return groups
 
 

@@ -132,7 +132,7 @@ def _param_groups(config) -> dict:
     field = f"param_groups.{name}.optimizer"
     optim.OPTIMIZERS.get(fields.optimizer, config.modules, field)
     _in_ranges(fields, GROUP_RANGES, prefix=f"param_groups.{name}.")
-    _choice(f"param_groups.{name}.muon_dtype", fields.muon_dtype, ("float32", "bfloat16"))
+    _choice(f"param_groups.{name}.muon_dtype", fields.muon_dtype, ("model", *DTYPES))
   return groups
 
 

@@ -48,8 +48,8 @@ def _batch(n=64, seed=0):
 
 def test_muon_in_bfloat16_keeps_its_momentum_and_orthogonalises_in_bfloat16(training):
   """`muon_dtype="bfloat16"` (a parameter group's field): the filters' momentum is bfloat16
-  and their update finite; the default keeps float32 and the state's layout; another dtype is
-  an error line."""
+  and their update finite; the speedrun's "model" follows `model.dtype` (float32 keeps the
+  state's layout); another dtype is an error line."""
   config = configuration.load(SMOKE)
   params = training.state.params
   momenta = lambda state: [
@@ -57,7 +57,11 @@ def test_muon_in_bfloat16_keeps_its_momentum_and_orthogonalises_in_bfloat16(trai
     for path, leaf in jax.tree_util.tree_leaves_with_path(state)
     if "mu" in jax.tree_util.keystr(path) and "conv" in jax.tree_util.keystr(path)
   ]
+  assert config.param_groups.filters.muon_dtype == "model"
   assert set(momenta(optim.create_optimizer(config, 1, 10).init(params))) == {jnp.dtype("float32")}
+  config.model.dtype = "bfloat16"
+  assert set(momenta(optim.create_optimizer(config, 1, 10).init(params))) == {jnp.dtype("bfloat16")}
+  config.model.dtype = "float32"
   config.param_groups.filters.muon_dtype = "bfloat16"
   tx = optim.create_optimizer(config, 1, 10)
   state = tx.init(params)
@@ -65,8 +69,8 @@ def test_muon_in_bfloat16_keeps_its_momentum_and_orthogonalises_in_bfloat16(trai
   grads = jax.tree.map(lambda p: jnp.full_like(p, 1e-3), params)
   updates, _ = tx.update(grads, state, params)
   assert all(bool(jnp.isfinite(u).all()) for u in jax.tree.leaves(updates))
-  config.param_groups.filters.muon_dtype = "float16"
-  with pytest.raises(UserError, match="param_groups.filters.muon_dtype='float16' is not one of"):
+  config.param_groups.filters.muon_dtype = "int8"
+  with pytest.raises(UserError, match="param_groups.filters.muon_dtype='int8' is not one of"):
     validate.train_config(config, 8)
 
 
