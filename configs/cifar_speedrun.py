@@ -93,7 +93,7 @@ def get_config(arg=None):
         momentum=0.6,
         nesterov=True,
         ns_steps=3,  # Newton-Schulz iterations
-        muon_dtype="model",  # momentum and Newton-Schulz in the model's dtype (16 bits, as airbench)
+        muon_dtype="model",  # momentum and Newton-Schulz in the model dtype (as airbench: 16 bits)
         normalize_weights=True,  # each kernel rescaled to norm sqrt(out channels) first
       ),
     )
