@@ -266,6 +266,9 @@ fi
 from_caller() {
   cd "$caller"
   export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
+  # Compiled steps are kept between runs (JAX's persistent compilation cache): a config's next
+  # launch loads its step instead of compiling it again. Another directory: set this variable.
+  export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-$HOME/.cache/research/jax-compilation}"
   exec "$py" "$@"
 }
 

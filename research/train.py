@@ -382,15 +382,30 @@ def _announce(workdir: Path, config, training: Training, state, echo, warm) -> N
     )
 
 
+_CACHE_HITS = [0]  # compiles JAX loaded from its persistent cache (JAX_COMPILATION_CACHE_DIR)
+
+
+def _count_cache_hit(event: str, **_) -> None:
+  if event == "/jax/compilation_cache/cache_hits":
+    _CACHE_HITS[0] += 1
+
+
+jax.monitoring.register_event_listener(_count_cache_hit)
+
+
 def _compiled_step(training: Training, rstate, first_batch, times: dict, echo, is_main: bool):
   """The step that is run: steps.train_step for ONE device (setup binds its data gathering,
   augmentation, loss and micro-batch), on every device in parallel, compiled ahead; the
-  evals too. Their compile times go into `times`."""
-  start = time.perf_counter()
+  evals too. Their compile times go into `times`; `step_from_cache`: the step was loaded from
+  JAX's persistent compilation cache (an earlier launch compiled it)."""
+  start, hits = time.perf_counter(), _CACHE_HITS[0]
   p_train_step = jax.pmap(training.train_step, axis_name=AXIS, donate_argnums=(0,))
   p_train_step = p_train_step.lower(rstate, first_batch).compile()
   times["compile_sec"] = time.perf_counter() - start
+  times["step_from_cache"] = _CACHE_HITS[0] > hits
   compiled = f"compiled the train step in {times['compile_sec']:.1f} s"
+  if times["step_from_cache"]:
+    compiled = f"loaded the train step from the compilation cache in {times['compile_sec']:.1f} s"
   inputs = training.inputs
   if inputs.compile_evals:
     periodic = 0 < training.eval_every < training.num_steps

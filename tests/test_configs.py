@@ -1,6 +1,7 @@
 """Every config loads; every training config's :smoke variant trains end to end on 8 devices."""
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -148,3 +149,16 @@ def test_smoke_trains_end_to_end_and_learns(path, tmp_path, monkeypatch):
   meta = json.loads((tmp_path / "metadata.jsonl").read_text().splitlines()[-1])
   assert meta["dataset_used"] == "synthetic" and len(meta["devices"]) == meta["device_count"] == 8
   assert config.batch_size // 8 % meta["micro_batch"] == 0  # what the step ran, recorded
+
+
+def test_a_second_launch_loads_its_step_from_the_compilation_cache(tmp_path, capsys):
+  """JAX's persistent compilation cache (the suite's, as launch.sh sets one for users): the
+  same config's next run loads its step instead of compiling it, and says so."""
+  assert os.environ["JAX_COMPILATION_CACHE_DIR"]
+  config = configuration.load("configs/cifar_vgg.py:smoke")
+  config.num_train_steps = 2
+  train_and_evaluate(config, str(tmp_path / "first"))
+  capsys.readouterr()
+  final = train_and_evaluate(config, str(tmp_path / "again"))
+  assert final["step_from_cache"] is True
+  assert "loaded the train step from the compilation cache in" in capsys.readouterr().out
