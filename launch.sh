@@ -267,8 +267,12 @@ from_caller() {
   cd "$caller"
   export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
   # Compiled steps are kept between runs (JAX's persistent compilation cache): a config's next
-  # launch loads its step instead of compiling it again. Another directory: set this variable.
-  export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-$HOME/.cache/research/jax-compilation}"
+  # launch loads its step instead of compiling it again. Another directory: set this variable;
+  # where the default cannot be made (a read-only home), runs compile as without it.
+  local cache="$HOME/.cache/research/jax-compilation"
+  if [[ -z ${JAX_COMPILATION_CACHE_DIR:-} ]] && mkdir -p "$cache" 2>/dev/null; then
+    export JAX_COMPILATION_CACHE_DIR="$cache"
+  fi
   exec "$py" "$@"
 }
 

@@ -277,3 +277,22 @@ def test_paths_are_read_from_where_the_command_was_started(tmp_path):
   shutil.copy(tmp_path / "data/test/cat/0001.jpg", tmp_path / "photo.jpg")
   loaded = launch("python", "script.py")  # the project's Python: research importable
   assert loaded.returncode == 0 and loaded.stdout.strip() == "(1, 10)", loaded.stderr
+
+
+def test_runs_keep_compiled_steps_in_the_home_cache_unless_told_otherwise(tmp_path):
+  """launch.sh's default for JAX's persistent compilation cache: under the home directory,
+  the variable's own value where it is set, none where the home cannot hold it."""
+  show = ["python", "-c", "import os; print(os.environ.get('JAX_COMPILATION_CACHE_DIR'))"]
+  env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+  run = lambda **extra: subprocess.run(
+    [str(ROOT / "launch.sh"), *show],
+    capture_output=True,
+    text=True,
+    env={**env, "RESEARCH_PYTHON": sys.executable, **extra},
+    timeout=60,
+  ).stdout.strip()
+  assert run(HOME=str(tmp_path)) == str(tmp_path / ".cache" / "research" / "jax-compilation")
+  assert (tmp_path / ".cache" / "research" / "jax-compilation").is_dir()
+  assert run(HOME=str(tmp_path), JAX_COMPILATION_CACHE_DIR="/elsewhere") == "/elsewhere"
+  (tmp_path / "file").write_text("")
+  assert run(HOME=str(tmp_path / "file")) == "None"  # not a directory: compile as without
