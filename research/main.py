@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from research import environment, host_memory, peers
-from research.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, UserError
+from research.errors import EXIT_USER_ERROR, UserError, exit_interrupted
 
 
 def _env_int(name: str) -> int | None:
@@ -232,13 +232,8 @@ def main() -> int:
     print(f"error: {e}", file=sys.stderr)
     return EXIT_USER_ERROR
   except KeyboardInterrupt:  # Ctrl-C before training started: nothing to save
-    print("\ninterrupted", file=sys.stderr)
-    sys.stdout.flush()
-    sys.stderr.flush()
     peers.ended()
-    # Not a normal exit: the interrupt may have cut JAX off mid-work (a trace, a transfer, a
-    # compile), and tearing the interpreter down under its threads can crash (SIGSEGV).
-    os._exit(EXIT_INTERRUPTED)
+    exit_interrupted("\ninterrupted")
   finally:  # whatever Python itself ends with (a traceback too) speaks for itself
     peers.ended()
 

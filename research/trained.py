@@ -24,7 +24,6 @@ import csv
 import dataclasses
 import functools
 import json
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -44,7 +43,7 @@ from research import checkpoint, configuration, environment, models, steps, vali
 from research import inputs as inputs_lib
 from research import workdir as workdir_lib
 from research.data import folder
-from research.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, UserError
+from research.errors import EXIT_USER_ERROR, UserError, exit_interrupted
 from research.inputs import replicate
 from research.metrics import eval_record, format_eval_line
 from research.steps import AXIS
@@ -405,12 +404,7 @@ def main(argv: list[str]) -> int:
     return EXIT_USER_ERROR
   except KeyboardInterrupt:
     command = argv[0] if argv else "the command"
-    print(f"\n{command} interrupted (Ctrl-C); nothing more was written", file=sys.stderr)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Not a normal exit: the interrupt may have cut JAX off mid-work, and tearing the
-    # interpreter down under its threads can crash (as research/main.py says).
-    os._exit(EXIT_INTERRUPTED)
+    exit_interrupted(f"\n{command} interrupted (Ctrl-C); nothing more was written")
   return 0
 
 

@@ -46,7 +46,7 @@ from research import inputs as inputs_lib
 from research import steps as steps_lib
 from research import workdir as workdir_lib
 from research.data import folder
-from research.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, UserError
+from research.errors import EXIT_USER_ERROR, UserError, exit_interrupted
 from research.inputs import replicate
 from research.steps import AXIS
 from research.train import setup, train_and_evaluate
@@ -456,9 +456,4 @@ if __name__ == "__main__":
   try:
     main()
   except KeyboardInterrupt:  # the numbers come at the end: an interrupted bench has none
-    print(
-      "\ninterrupted: no numbers (they are printed and written when all have run)",
-      file=sys.stderr,
-      flush=True,
-    )
-    os._exit(EXIT_INTERRUPTED)  # as research/main.py: no teardown under JAX's busy threads
+    exit_interrupted("\ninterrupted: no numbers (they are printed and written when all have run)")
