@@ -455,23 +455,22 @@ def _max_pool(x, window: int):
 
 
 def _max_pool_fwd(x, window):
-  y = _max_pool(x, window)
-  return y, (x, y)
+  return _max_pool(x, window), x
 
 
-def _max_pool_bwd(window, residuals, g):
-  """The gradient goes to the first maximum of each window (row-major), as in XLA."""
-  x, y = residuals  # [B, H, W, C], [B, H // window, W // window, C]
-  b, ho, wo, c = y.shape
+def _max_pool_bwd(window, x, g):
+  """The gradient goes to the first maximum of each window (row-major), as in XLA: found by one
+  argmax over the window's values, so that no two computations of them (which XLA may fuse
+  and round apart) are compared for equality."""
+  b, ho, wo, c = g.shape  # x: [B, H, W, C]
   tiles = x[:, : ho * window, : wo * window].reshape(b, ho, window, wo, window, c)
-  taken = jnp.zeros(y.shape, bool)
-  grads = []
-  for i in range(window):
-    for j in range(window):
-      first = (tiles[:, :, i, :, j] == y) & ~taken
-      grads.append(jnp.where(first, g, jnp.zeros_like(g)))
-      taken |= first
-  tiles_grad = jnp.stack(grads, 3).reshape(b, ho, wo, window, window, c)  # [B,Ho,Wo,i,j,C]
+  flat = tiles.transpose(0, 1, 3, 2, 4, 5).reshape(b, ho, wo, window * window, c)
+  first = jnp.argmax(flat, axis=3)  # [B, Ho, Wo, C]
+  taps = lax.broadcasted_iota(first.dtype, flat.shape, 3)
+  tiles_grad = jnp.where(
+    taps == first[:, :, :, None], g[:, :, :, None], jnp.zeros_like(g)[:, :, :, None]
+  )
+  tiles_grad = tiles_grad.reshape(b, ho, wo, window, window, c)  # [B,Ho,Wo,i,j,C]
   x_grad = tiles_grad.transpose(0, 1, 3, 2, 4, 5).reshape(b, ho * window, wo * window, c)
   pad = [(0, 0), (0, x.shape[1] - ho * window), (0, x.shape[2] - wo * window), (0, 0)]
   return (jnp.pad(x_grad, pad),)
