@@ -13,6 +13,9 @@ def training_defaults() -> ml_collections.ConfigDict:
   # register themselves there (docs/extending.md). A run records them; its eval imports them.
   c.modules = ()
   c.seed = 0  # parameters, data order and augmentation: functions of (seed, step, device count)
+  # Seeds trained at once, in one program: seed, seed + 1, ..., each as its single run would
+  # train, their results reported one by one and as mean ± std (docs/seeds.md)
+  c.seeds = 1
 
   # Data.
   c.dataset = "cifar10"  # registered (research/data), or "folder", "imagenet2012", "imagenette"
@@ -83,6 +86,7 @@ def training_defaults() -> ml_collections.ConfigDict:
   # parameter path; what differs in shape or is absent there starts afresh. "" = from scratch.
   c.init_from = ""
   c.init_from_step = 0  # 0: the newest
+  c.init_from_seed = -1  # a run of several seeds (seeds > 1): the seed to start from
 
   # Logging and evaluation.
   c.log_every_steps = 50  # one device→host transfer of metrics per this many steps

@@ -562,6 +562,8 @@ def build(spec: str, seed: int = 0) -> Callable[..., jax.Array]:
   array; None means every image is whole. Only a pipeline that starts with a window op
   accepts sizes, since any other op would see the padding. `ids` (int [B]) identify the
   examples for context ops (None: their positions in the batch); `epoch` is the epoch.
+  `seed` (an int, traced or not) replaces the seed the pipeline was built with for the
+  examples' own keys: the seeds of a run with `config.seeds` > 1 share one pipeline.
   `positions` (int [B]) are the examples' places in the step's global batch (None: 0, 1, …):
   each example's random draws come from `rng` folded with its position, so a batch split
   over devices draws what the whole batch draws.
@@ -589,7 +591,9 @@ def build(spec: str, seed: int = 0) -> Callable[..., jax.Array]:
     return views.op.fn(image) if views and all_views else image
 
   def pipeline(all_views):
-    def augment(rng, images_u8, sizes=None, *, epoch=0, ids=None, positions=None, targets=None):
+    def augment(
+      rng, images_u8, sizes=None, *, epoch=0, ids=None, positions=None, targets=None, seed=None
+    ):
       if sizes is not None and not windowed:
         raise UserError(
           f"augmentation {spec!r} gets padded images but does not start with a window op "
@@ -601,7 +605,8 @@ def build(spec: str, seed: int = 0) -> Callable[..., jax.Array]:
         sizes = jnp.broadcast_to(jnp.array(images.shape[1:3]), (n, 2))
       valid = jnp.asarray(sizes, jnp.float32)  # [B, 2]
       ids = jnp.arange(n) if ids is None else ids
-      keys = jax.vmap(jax.random.fold_in, (None, 0))(base_key, ids)
+      identity = base_key if seed is None else identity_key(seed)
+      keys = jax.vmap(jax.random.fold_in, (None, 0))(identity, ids)
       contexts = Context(jnp.broadcast_to(jnp.asarray(epoch, jnp.int32), (n,)), keys)
       positions = jnp.arange(n) if positions is None else positions
       example_keys = jax.vmap(jax.random.fold_in, (None, 0))(rng, positions)

@@ -58,8 +58,11 @@ class Inputs:
   # (replicated state, the all_views values to come) -> None: compiles those evals ahead, so
   # that an eval's time is its own (resident data; None: the first call compiles)
   compile_evals: Callable[[object, tuple], None] | None = None
-  # n -> n training images, uint8: a random sample fixed by the seed, the same every call
-  first_images: Callable[[int], np.ndarray] | None = None
+  # (n, seed) -> n training images, uint8: a random sample fixed by the seed, the same every call
+  first_images: Callable[[int, int], np.ndarray] | None = None
+  # config.seeds > 1: the vmap in_axes of a batch over the seeds (0: one part per seed, None:
+  # shared by all), as steps.seeded takes it; None for one seed
+  seed_axes: object = None
   skipped_files: Callable[[], list[str]] = lambda: []  # undecodable files skipped so far
   passed_over: tuple = ()  # image folders: hidden files and non-images, relative paths
   summary: str = ""  # image folders: what was found and left out, in one line
@@ -79,6 +82,11 @@ def make(config, *, per_device_batch, augment, preprocess, shuffle_key, step_key
     fits = folder.fits_on_devices(scanned, config.resident_max_gb, config.host_image_size)
     placement = "resident" if fits else "streamed"
   if config.dataset in STREAMED or (scanned is not None and placement == "streamed"):
+    if config.seeds > 1:
+      raise UserError(
+        f"seeds={config.seeds} trains its seeds on one resident copy of the data, and "
+        f"{config.dataset} streams; train one seed per launch (--config.seed=N)"
+      )
     for field, pipeline in (("augment", augment), ("eval_preprocess", preprocess)):
       if not pipeline.windowed:  # streamed images are padded squares
         raise UserError(
@@ -101,14 +109,9 @@ def make(config, *, per_device_batch, augment, preprocess, shuffle_key, step_key
   return dataclasses.replace(inputs, classes=classes)
 
 
-def run_keys(seed: int):
-  """(init, shuffle, step) keys: what a run's parameters, data order and steps draw from."""
-  return jax.random.split(jax.random.key(seed), 3)
-
-
 def for_run(config, checked) -> Inputs:
   """`make` for a run of `config` (`checked` by validate.train_config), keyed by its seed."""
-  _, shuffle_key, step_key = run_keys(config.seed)
+  _, shuffle_key, step_key = steps.run_keys(config.seed)
   return make(
     config,
     per_device_batch=checked.per_device_batch,
@@ -230,6 +233,12 @@ def resident(
   local_devices = jax.process_index() * n_local + np.arange(n_local)
   rows = shard_rows(config.seed, n_examples)
   sharded = sum(a.nbytes for a in train) > config.replicate_max_gb * 2**30
+  if sharded and config.seeds > 1:
+    raise UserError(
+      f"seeds={config.seeds} needs the training split whole on every device, and it is larger "
+      f"than replicate_max_gb={config.replicate_max_gb}; raise replicate_max_gb if the devices "
+      "hold it, or train one seed per launch (--config.seed=N)"
+    )
   if sharded:
     shard_size = check_shard(config, n_examples, n_devices, per_device_batch)
     train_rows = upload_shards(train, shard_size, rows)
@@ -251,10 +260,16 @@ def resident(
     in_order = functools.partial(
       global_order, shuffle_key=shuffle_key, n_examples=n_examples, batch_size=config.batch_size
     )
-    order_of = lambda epoch: device_orders(
-      in_order(epoch), devices=local_devices, n_devices=n_devices
+    order_of = lambda epoch, key=shuffle_key: device_orders(
+      in_order(epoch, shuffle_key=key), devices=local_devices, n_devices=n_devices
     )
     layout = "training split whole on every device: the same batches on any device count"
+  seeds = range(config.seed, config.seed + config.seeds)
+  if config.seeds > 1:  # each seed its own order: [local devices, seeds, steps * per device]
+    keys = jnp.stack([steps.run_keys(seed)[1] for seed in seeds])
+    one_order = order_of
+    order_of = lambda epoch: jnp.moveaxis(jax.vmap(lambda k: one_order(epoch, k))(keys), 0, 1)
+    layout += f"; {config.seeds} seeds, each in its own order"
   order_of = jax.jit(order_of)
 
   def batches(start_step):
@@ -271,11 +286,13 @@ def resident(
   test = pad_for_eval(data.test_images, data.test_labels, config.eval_batch_size)
   test_shard = upload_shards(test, len(test[1]) // n_devices)
   eval_batch = config.eval_batch_size // n_devices
+
+  def eval_fn(pipeline):  # a state with a seed axis: each seed's totals
+    fn = functools.partial(resident_eval, preprocess=pipeline, per_device_batch=eval_batch)
+    return jax.vmap(fn, in_axes=(0, None)) if config.seeds > 1 else fn
+
   p_evals = {
-    all_views: jax.pmap(
-      functools.partial(resident_eval, preprocess=pipeline, per_device_batch=eval_batch),
-      axis_name=AXIS,
-    )
+    all_views: jax.pmap(eval_fn(pipeline), axis_name=AXIS)
     for all_views, pipeline in eval_pipelines(preprocess).items()
   }
 
@@ -298,10 +315,11 @@ def resident(
     ),
     evaluate=lambda rstate, all_views=True: first_replica(p_evals[all_views](rstate, test_shard)),
     compile_evals=compile_evals,
-    first_images=lambda n: data.train_images[rows[:n]],
+    first_images=lambda n, seed: data.train_images[shard_rows(seed, n_examples)[:n]],
     skipped_files=lambda: list(data.skipped_files),
     layout=layout,
     order_per_device=sharded,
+    seed_axes=(None, 0) if config.seeds > 1 else None,  # (the data, each seed's order)
   )
 
 

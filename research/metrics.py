@@ -27,38 +27,68 @@ def duration(seconds: float) -> str:
   return (f"{days}d " if days else "") + f"{hours}:{minutes:02d}:{sec:02d}"
 
 
+def per_seed(values: dict, seeds) -> dict:
+  """What a record of several seeds (`config.seeds` > 1) adds to their means: each value's
+  standard deviation over the seeds (`NAME_std`, n - 1 in the denominator) and, under
+  `per_seed`, the seeds and each seed's values in that order."""
+  values = {name: np.asarray(v, np.float64) for name, v in values.items()}
+  added = {f"{name}_std": float(np.std(v, ddof=1)) for name, v in values.items()}
+  added["per_seed"] = {"seed": list(seeds), **{name: v.tolist() for name, v in values.items()}}
+  return added
+
+
+def _spread(record: dict, name: str, digits: int) -> str:
+  """`0.1234`, or `0.1234 ± 0.0056` for a record of several seeds."""
+  std = record.get(f"{name}_std")
+  return f"{record[name]:.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else "")
+
+
 def format_train_line(record: dict) -> str:
-  """The line the original TensorFlow scripts printed, then what we add to it."""
+  """The line the original TensorFlow scripts printed, then what we add to it. With several
+  seeds: their mean ± standard deviation."""
   return (
-    f"step {record['step']}, loss = {record['loss']:.4f} "
+    f"step {record['step']}, loss = {_spread(record, 'loss', 4)} "
     f"({record['examples_per_sec']:.1f} examples/sec; {record['sec_per_batch']:.3f} sec/batch)"
-    f" accuracy {record['accuracy']:.3f}, input wait {100 * record['input_wait_fraction']:.1f}%,"
+    f" accuracy {_spread(record, 'accuracy', 3)}, input wait "
+    f"{100 * record['input_wait_fraction']:.1f}%,"
     f" elapsed {duration(record['elapsed_sec'])}, ETA {duration(record['eta_sec'])}"
   )
 
 
-def eval_record(step: int, totals: dict) -> dict:
+def eval_record(step: int, totals: dict, seeds=()) -> dict:
   """The eval record of `totals` (steps.eval_sums summed over the test split). Its loss is
-  cross-entropy whatever loss the run trains by (`config.loss`, its train records' `loss`)."""
-  record = {
-    "step": step,
-    "eval_loss": float(totals["loss_sum"] / totals["count"]),
-    "eval_loss_kind": "cross_entropy",
-    "eval_accuracy": float(totals["correct"] / totals["count"]),
-    "eval_examples": int(totals["count"]),
+  cross-entropy whatever loss the run trains by (`config.loss`, its train records' `loss`).
+  Totals of several `seeds` (one value per seed): their means, and `per_seed`."""
+  count = np.asarray(totals["count"], np.float64)
+  values = {
+    "eval_loss": np.asarray(totals["loss_sum"]) / count,
+    "eval_accuracy": np.asarray(totals["correct"]) / count,
   }
   if "correct_first_view" in totals:  # test-time augmentation: the plain accuracy too
-    record["eval_accuracy_first_view"] = float(totals["correct_first_view"] / totals["count"])
+    values["eval_accuracy_first_view"] = np.asarray(totals["correct_first_view"]) / count
+  record = {
+    "step": step,
+    "eval_loss": float(np.mean(values["eval_loss"])),
+    "eval_loss_kind": "cross_entropy",
+    "eval_accuracy": float(np.mean(values["eval_accuracy"])),
+    "eval_examples": int(count.reshape(-1)[0]),  # every seed counts the same examples
+  }
+  if "eval_accuracy_first_view" in values:
+    record["eval_accuracy_first_view"] = float(np.mean(values["eval_accuracy_first_view"]))
+  if count.ndim:
+    record.update(per_seed(values, seeds))
   return record
 
 
 def format_eval_line(record: dict) -> str:
   views = record.get("eval_accuracy_first_view")
+  seeds = record.get("per_seed", {}).get("eval_accuracy")
   return (
-    f"eval at step {record['step']}: loss = {record['eval_loss']:.4f}, "
-    f"accuracy = {record['eval_accuracy']:.4f}"
+    f"eval at step {record['step']}: loss = {_spread(record, 'eval_loss', 4)}, "
+    f"accuracy = {_spread(record, 'eval_accuracy', 4)}"
     + (f" with test-time augmentation ({views:.4f} without)" if views is not None else "")
     + f" over {record['eval_examples']} examples"
+    + (f" (each seed: {', '.join(f'{a:.4f}' for a in seeds)})" if seeds else "")
   )
 
 
@@ -105,6 +135,7 @@ class MetricsLog:
     self._append(record)
     for name in TRAIN_SCALARS:
       self.writer.add_scalar(f"train/{name}", record[name], record["step"])
+    self._per_seed("train", record)
 
   def eval(self, record: dict) -> None:
     if not self.enabled:
@@ -113,7 +144,18 @@ class MetricsLog:
     self._append(record)
     for name in ("eval_loss", "eval_accuracy"):
       self.writer.add_scalar(f"eval/{name.removeprefix('eval_')}", record[name], record["step"])
+    self._per_seed("eval", record)
     self.writer.flush()
+
+  def _per_seed(self, group: str, record: dict) -> None:
+    """Each seed's values of a record of several seeds, tagged `GROUP/NAME/seed_N`."""
+    seeds = record.get("per_seed", {})
+    for name, values in seeds.items():
+      if name == "seed":
+        continue
+      for seed, value in zip(seeds["seed"], values, strict=True):
+        tag = f"{group}/{name.removeprefix('eval_')}/seed_{seed}"
+        self.writer.add_scalar(tag, value, record["step"])
 
   def images(self, tag: str, images: np.ndarray, step: int) -> None:
     """Writes a grid of `images` [N, H, W, C] to TensorBoard and to WORKDIR/<tag>.png."""

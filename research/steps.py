@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax.training import train_state
 from jax import lax
@@ -37,6 +38,50 @@ class Examples(NamedTuple):
   sizes: Any = None  # valid (height, width) [per_device_batch, 2] of padded images, or None
   epoch: Any = 0  # int32: the epoch this step belongs to
   ids: Any = None  # int32 [per_device_batch]: each example's identity (augment's Context)
+
+
+def run_keys(seed):
+  """(init, shuffle, step) keys of a run with `seed` (an int, traced or not): what its
+  parameters, data order and steps draw from."""
+  return jax.random.split(jax.random.key(seed), 3)
+
+
+def seeded(train_step, seeds, batch_axes, *, gather, augment):
+  """`train_step` for `len(seeds)` runs at once (`config.seeds`): the state has a leading seed
+  axis, and so has each part of the batch whose `batch_axes` (a vmap in_axes prefix of the
+  batch) is 0 (the data order); the parts with None (the data itself) are shared. Each seed's
+  step draws from its own keys, the step's and its examples' own, as its single run would.
+  Collectives (`lax.pmean` over AXIS) batch over the seeds: each seed is averaged apart."""
+  seeds = np.asarray(seeds, np.int32)
+
+  def one(state, batch, seed):
+    step_key = run_keys(seed)[2]
+    return train_step(
+      state,
+      batch,
+      gather=functools.partial(gather, step_key=step_key),
+      augment=functools.partial(augment, seed=seed),
+    )
+
+  def step(state, batch):
+    return jax.vmap(one, in_axes=(0, batch_axes, 0))(state, batch, seeds)
+
+  return step
+
+
+def stack(trees):
+  """Trees of the same structure as one with a leading axis (seed i at index i), on the host."""
+  return jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *trees)
+
+
+def unstack(tree, count: int) -> list:
+  """`stack`'s inverse: the `count` trees along the leading axis."""
+  return [jax.tree.map(lambda x, i=i: x[i], tree) for i in range(count)]
+
+
+def step_of(state) -> int:
+  """The step a train state is at (the same for every seed of a seeded state)."""
+  return int(np.asarray(state.step).reshape(-1)[0])
 
 
 def global_positions(per_device_batch: int):
@@ -252,31 +297,38 @@ def check_axes(model, state, image_shape, name: str) -> None:
     ) from None
 
 
-def create_train_state(rng, config, model, image_shape, tx) -> TrainState:
+def create_train_state(rng, config, model, image_shape, tx, seeds=None) -> TrainState:
   """The initial state, on the host: the model's variables and the optimizer's state come out
   of one compiled program (the optimizer's state op by op would compile one program per
-  parameter shape)."""
+  parameter shape). `seeds`: one state per seed, each from its run's init key as its single
+  run has it (`rng` unused), stacked along a leading axis; the program compiles once."""
 
   def init(rng, image):
     variables = model.init(rng, image, train=False)
     return variables, tx.init(variables["params"])
 
   image = jnp.zeros((1, *image_shape), jnp.float32)
-  # It runs once. On CPU, XLA's backend optimizations of its random initializers take longer
-  # to compile than they save in the one run.
+  # It runs once per seed. On CPU, XLA's backend optimizations of its random initializers take
+  # longer to compile than they save in those runs.
   options = {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else None
-  variables, opt_state = (
-    jax.jit(init).lower(rng, image).compile(compiler_options=options)(rng, image)
-  )
-  state = TrainState(
-    step=0,
-    apply_fn=model.apply,
-    params=variables["params"],
-    tx=tx,
-    opt_state=opt_state,
-    batch_stats=variables.get("batch_stats", {}),
-  )
-  return jax.device_get(state)
+  compiled = jax.jit(init).lower(rng, image).compile(compiler_options=options)
+
+  def state(rng):
+    variables, opt_state = compiled(rng, image)
+    return jax.device_get(
+      TrainState(
+        step=0,
+        apply_fn=model.apply,
+        params=variables["params"],
+        tx=tx,
+        opt_state=opt_state,
+        batch_stats=variables.get("batch_stats", {}),
+      )
+    )
+
+  if seeds is None:
+    return state(rng)
+  return stack([state(run_keys(seed)[0]) for seed in seeds])
 
 
 # --- CPU forms ------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import functools
 import importlib.metadata
 import itertools
 import json
+import os
 import re
 import signal
 import sys
@@ -42,9 +43,13 @@ class Training:
   """Everything a run needs before its first step; `setup` builds each part once."""
 
   inputs: Inputs
-  state: TrainState  # unreplicated, on the host: checkpoints and logging use this copy
+  seeds: tuple  # the seeds trained in one program: config.seed, config.seed + 1, ...
+  # unreplicated, on the host: checkpoints and logging use this copy; with several seeds,
+  # every leaf has a leading seed axis
+  state: TrainState
   from_data: "FromData | None"  # state -> state with the parameters the model takes from data
-  train_step: Callable  # steps.train_step for ONE device, all but (state, batch) bound
+  # steps.train_step for ONE device, all but (state, batch) bound (several seeds: steps.seeded)
+  train_step: Callable
   augment: Callable  # the config's augmentation (research/augment.py build) -> float32 images
   schedule: Callable  # step -> learning rate
   num_steps: int
@@ -63,7 +68,8 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
   checked = validate.train_config(config, jax.device_count())  # before any data is loaded
   model = models.create(config.model, AXIS)
   source = trained.check_warm_start(config, checked.augment, model) if warm_start else None
-  init_key = inputs_lib.run_keys(config.seed)[0]
+  init_key = steps.run_keys(config.seed)[0]
+  seeds = tuple(range(config.seed, config.seed + config.seeds))
   inputs = inputs_lib.for_run(config, checked)
   num_steps = config.num_train_steps
   if num_steps <= 0:
@@ -73,13 +79,19 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
   example = np.zeros((1, *inputs.example_shape), np.uint8)
   model_input = jax.eval_shape(checked.augment, init_key, example)  # what the model sees
   # tx.init labels the parameters: a parameter group that matches none is an error here
-  state = create_train_state(init_key, config, model, model_input.shape[1:], tx)
-  state, warm = trained.warm_start(state, source)  # None: from scratch
-  steps.check_axes(model, state, model_input.shape[1:], config.model.name)
+  several = seeds if len(seeds) > 1 else None
+  state = create_train_state(init_key, config, model, model_input.shape[1:], tx, several)
+  one = steps.unstack(state, len(seeds))[0] if several else state  # seed 0's: the shapes
+  if several:  # each seed starts from the same weights, as its single run would
+    warmed = [trained.warm_start(s, source) for s in steps.unstack(state, len(seeds))]
+    state, warm = steps.stack([w[0] for w in warmed]), warmed[0][1]
+  else:
+    state, warm = trained.warm_start(state, source)  # None: from scratch
+  steps.check_axes(model, one, model_input.shape[1:], config.model.name)
   micro_batch = steps.micro_batch_size(
     config.micro_batch_size,
     checked.per_device_batch,
-    batch_norm=bool(state.batch_stats),
+    batch_norm=bool(one.batch_stats),
     backend=jax.default_backend(),
   )
   train_step = functools.partial(
@@ -90,12 +102,17 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
     num_classes=config.model.num_classes,
     micro_batch=micro_batch,
     loss_scale=config.batch_size if config.loss_reduction == "sum" else 1.0,
-    frozen=optim.frozen_mask(config, state.params, checked.groups),
+    frozen=optim.frozen_mask(config, one.params, checked.groups),
   )
+  if several:
+    train_step = steps.seeded(
+      train_step, seeds, inputs.seed_axes, gather=inputs.gather, augment=checked.augment
+    )
   return Training(
     inputs,
+    seeds,
     state,
-    _from_data(config, inputs, checked.eval_preprocess.first_view),
+    _from_data(config, inputs, checked.eval_preprocess.first_view, seeds),
     train_step,
     checked.augment,
     schedule,
@@ -119,7 +136,7 @@ def every_steps(steps: int, epochs: float, steps_per_epoch: int) -> int:
   return max(1, round(epochs * steps_per_epoch)) if epochs > 0 else 0
 
 
-def _from_data(config, inputs: Inputs, preprocess) -> "FromData | None":
+def _from_data(config, inputs: Inputs, preprocess, seeds: tuple) -> "FromData | None":
   """What computes the parameters the model takes from data, or None where it takes none."""
   functions = models.init_from_data(config.model)
   if functions is None:
@@ -129,7 +146,7 @@ def _from_data(config, inputs: Inputs, preprocess) -> "FromData | None":
       f"model {config.model.name!r} computes parameters from training images, which needs "
       f"data resident on the devices; {inputs.name} streams (use data_placement='resident')"
     )
-  return FromData(config.model, inputs.first_images, preprocess, *functions)
+  return FromData(config.model, inputs.first_images, preprocess, *functions, seeds)
 
 
 @dataclasses.dataclass
@@ -139,28 +156,35 @@ class FromData:
   the preprocessing and the model's `data_statistics` on the device, its `init_from_data` on
   the host (research/models/__init__.py). Once, before the first step; a resumed run has the
   parameters in its checkpoint. `compile()` takes the sample and compiles the device part, so
-  that the call itself is the computation alone."""
+  that the call itself is the computation alone. `seeds`: one sample and one init per seed,
+  for a state with a leading seed axis (config.seeds > 1)."""
 
   model_config: ml_collections.ConfigDict
   first_images: Callable[[int], np.ndarray]
   preprocess: Callable
   statistics: Callable
   init: Callable
-  _images: np.ndarray | None = None
+  seeds: tuple
+  _images: list | None = None  # each seed's sample
   _compiled: Callable | None = None
 
   def compile(self) -> None:
     if self._compiled is None:
-      self._images = self.first_images(self.model_config.init_examples)
+      self._images = [self.first_images(self.model_config.init_examples, s) for s in self.seeds]
       statistics = lambda images: self.statistics(
         self.model_config, self.preprocess(jax.random.key(0), images)
       )
-      self._compiled = jax.jit(statistics).lower(self._images).compile()
+      self._compiled = jax.jit(statistics).lower(self._images[0]).compile()
 
   def __call__(self, state):
     self.compile()
-    statistics = jax.device_get(self._compiled(self._images))
-    return state.replace(params=self.init(self.model_config, state.params, statistics))
+    one = lambda state, images: state.replace(
+      params=self.init(self.model_config, state.params, jax.device_get(self._compiled(images)))
+    )
+    if len(self.seeds) == 1:
+      return one(state, self._images[0])
+    states = steps.unstack(state, len(self.seeds))
+    return steps.stack([one(s, x) for s, x in zip(states, self._images, strict=True)])
 
 
 def _banner(text: str) -> str:
@@ -198,15 +222,17 @@ def _write_metadata(workdir: Path, config, training: Training) -> None:
 
 
 def _describe(config, training: Training, state, echo) -> None:
-  n_params = sum(x.size for x in jax.tree.leaves(state.params))
+  n_params = sum(x.size for x in jax.tree.leaves(state.params)) // len(training.seeds)  # a seed's
   per_device, micro = training.per_device_batch, training.micro_batch
+  first, last = training.seeds[0], training.seeds[-1]
+  seeds = f" | seeds {first}-{last} in one program, each" if last > first else ""
   echo(
     f"{config.model.name}: {n_params:,} parameters | {jax.device_count()} "
     f"device{'s' if jax.device_count() > 1 else ''} "
     f"({jax.devices()[0].device_kind}) | global batch {config.batch_size} = "
     f"{per_device} per device{f' in micro-batches of {micro}' if micro < per_device else ''} | "
     f"{training.inputs.steps_per_epoch} steps/epoch, {training.num_steps} "
-    f"step{'s' if training.num_steps > 1 else ''}"
+    f"step{'s' if training.num_steps > 1 else ''}{seeds}"
     f" | data: {training.inputs.name} ({training.inputs.source}), "
     f"{training.inputs.layout}"
   )
@@ -235,6 +261,15 @@ def _data_identity(inputs: Inputs) -> dict:
       f"{inputs.name} from {inputs.source}); give every host the same data_dir contents"
     )
   return data
+
+
+def one_seed(batch, seed_axes, index: int = 0):
+  """The part of a pmapped batch that seed `index` trains on (`seed_axes`: Inputs.seed_axes;
+  None: the batch of a one-seed run, as it is)."""
+  if seed_axes is None:
+    return batch
+  part = lambda axis, x: jax.tree.map(lambda a: a[:, index], x) if axis == 0 else x
+  return jax.tree.map(part, seed_axes, batch, is_leaf=lambda a: a is None)
 
 
 def augmented_preview(gather, augment, step: int, batch) -> np.ndarray:
@@ -273,20 +308,23 @@ def train_and_evaluate(
   echo = bar.write if not bar.disable else functools.partial(print, flush=True)
   checkpoints = checkpoint.Checkpoints(workdir, config, echo, training.checkpoint_every)
   state, extra_times = _initial_state(config, training, checkpoints, workdir, warm)
-  start_step = int(state.step)
+  start_step = steps.step_of(state)
   profiler = Profiler(config, workdir, start_step, echo)  # its window is checked here
+  rstate, skipped_at_start = replicate(state), len(inputs.skipped_files())
+  stream = inputs.batches(start_step)
+  first_batch = next(stream)
+  # Compiled before anything is written: a step the devices cannot hold is an error line
+  p_train_step = _compiled_step(training, rstate, first_batch, extra_times, echo, is_main)
   # All checked: from here on we write. This launch trains steps start_step + 1 to num_steps.
   workdir_lib.prepare(workdir, config, data_identity, (start_step, num_steps))
   bar.update(start_step)
   log = MetricsLog(workdir, dataset_used=inputs.name, enabled=is_main, echo=echo)
   if is_main:
     _announce(workdir, config, training, state, echo, warm)
-  rstate, skipped_at_start = replicate(state), len(inputs.skipped_files())
-  stream = inputs.batches(start_step)
-  first_batch = next(stream)
-  preview = augmented_preview(inputs.gather, training.augment, start_step, first_batch)
+  preview = augmented_preview(
+    inputs.gather, training.augment, start_step, one_seed(first_batch, inputs.seed_axes)
+  )
   log.images("augmented_batch", preview, start_step)
-  p_train_step = _compiled_step(training, rstate, first_batch, extra_times, echo, is_main)
   wait_for_all(f"compiled-{start_step}")  # the step's first collectives start together
   batches = itertools.chain([first_batch], stream)
   progress = Progress(config, log, training.schedule, start_step, num_steps, echo, checkpoints)
@@ -324,7 +362,7 @@ def train_and_evaluate(
       # The last checkpoint first, then the final eval (every view): a stop during the eval
       # loses no training, and the write overlaps the eval.
       checkpoints.save(num_steps, _finite_or_stop(first_replica(rstate), num_steps, checkpoints))
-      final = evaluate(inputs, rstate, num_steps, log, clock, train_sec=train_sec, **extra_times)
+      final = evaluate(training, rstate, num_steps, log, clock, train_sec=train_sec, **extra_times)
       if is_main and start_step < num_steps:
         echo(
           f"trained steps {start_step + 1}-{num_steps} in {train_sec:.1f} s (compile, evals "
@@ -341,7 +379,7 @@ def _initial_state(config, training: Training, checkpoints, workdir: Path, warm)
   the model computes from data; extra: what that took, and what the run took from
   `init_from` (`warm`), for the final eval's record."""
   state = checkpoints.restore_latest(training.state)  # one that does not fit: UserError
-  start_step, times = int(state.step), ({"init_from": warm} if warm else {})
+  start_step, times = steps.step_of(state), ({"init_from": warm} if warm else {})
   if start_step > training.num_steps:
     raise UserError(
       f"{workdir} holds a checkpoint of step {start_step}, past this run's "
@@ -359,7 +397,7 @@ def _initial_state(config, training: Training, checkpoints, workdir: Path, warm)
 def _announce(workdir: Path, config, training: Training, state, echo, warm) -> None:
   """Process 0's records and lines before the first step: metadata, the run, its data, what
   it took from `init_from` (`warm`)."""
-  start_step = int(state.step)
+  start_step = steps.step_of(state)
   before = workdir_lib.last_recorded(workdir, "device_count") if start_step else None
   _write_metadata(workdir, config, training)
   _describe(config, training, state, echo)
@@ -403,6 +441,10 @@ def _compiled_step(training: Training, rstate, first_batch, times: dict, echo, i
   p_train_step = p_train_step.lower(rstate, first_batch).compile()
   times["compile_sec"] = time.perf_counter() - start
   times["step_from_cache"] = _CACHE_HITS[0] > hits
+  if len(training.seeds) > 1:
+    fit = seeds_that_fit(p_train_step, training.state, len(training.seeds))
+    if is_main:
+      echo(fit)
   compiled = f"compiled the train step in {times['compile_sec']:.1f} s"
   if times["step_from_cache"]:
     compiled = f"loaded the train step from the compilation cache in {times['compile_sec']:.1f} s"
@@ -425,10 +467,49 @@ def _compiled_step(training: Training, rstate, first_batch, times: dict, echo, i
   return p_train_step
 
 
-def evaluate(inputs: Inputs, rstate, step: int, log, clock, all_views=True, **extra) -> dict:
+def free_device_bytes() -> int:
+  """Bytes free on each local device: the allocator's limit less what is in use (GPU), or on CPU,
+  whose devices share the host's memory, the host's available memory over the devices."""
+  stats = jax.local_devices()[0].memory_stats()
+  if stats and "bytes_limit" in stats:
+    return stats["bytes_limit"] - stats.get("bytes_in_use", 0)
+  meminfo = Path("/proc/meminfo").read_text() if Path("/proc/meminfo").exists() else ""
+  found = re.search(r"MemAvailable:\s+(\d+) kB", meminfo)
+  available = (
+    int(found[1]) * 1024 if found else os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+  )
+  return available // jax.local_device_count()
+
+
+def seeds_that_fit(compiled, state, seeds: int) -> str:
+  """The line that says how much memory the step of `seeds` seeds takes on each device and
+  about how many seeds fit; a user error when these do not. The step's arguments (the data and
+  the state) are already on the devices; each seed adds its state and its share of what the
+  step allocates besides (XLA's memory analysis of the compiled step)."""
+  memory = compiled.memory_analysis()
+  step_bytes = memory.temp_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes
+  state_bytes = sum(np.asarray(x).nbytes for x in jax.tree.leaves(state))
+  per_seed = (step_bytes + state_bytes) / seeds
+  free = free_device_bytes()
+  fit = seeds + int((free - step_bytes) // per_seed)
+  gib = lambda n: f"{n / 2**30:.2f} GiB"
+  said = (
+    f"{seeds} seeds in one program: each seed takes about {gib(per_seed)} of each device "
+    f"(its state and its part of the step), the step {gib(step_bytes)} besides the state of "
+    f"the {gib(free)} free"
+  )
+  if step_bytes > free:
+    raise UserError(
+      f"{said}: they do not fit; "
+      + (f"use --config.seeds={fit} or fewer" if fit >= 1 else "not one seed fits")
+    )
+  return f"{said}: about {fit} seeds fit"
+
+
+def evaluate(training: Training, rstate, step: int, log, clock, all_views=True, **extra) -> dict:
   """An eval record, logged; periodic evals (all_views=False) use the eval's first view only."""
   start = time.perf_counter()
-  record = eval_record(step, inputs.evaluate(rstate, all_views))
+  record = eval_record(step, training.inputs.evaluate(rstate, all_views), training.seeds)
   record["eval_sec"] = time.perf_counter() - start
   record["elapsed_sec"] = clock.since_launch()  # this launch's wall clock, as train records'
   record.update(extra)
@@ -445,7 +526,7 @@ def _periodic(step: int, rstate, training: Training, log, clock, checkpoints, ec
   jax.block_until_ready(rstate)  # dispatched steps finish on the training clock
   with clock.pause():
     if eval_due:
-      evaluate(training.inputs, rstate, step, log, clock, all_views=False)
+      evaluate(training, rstate, step, log, clock, all_views=False)
     if save_due:
       start = time.perf_counter()
       checkpoints.save(step, _finite_or_stop(first_replica(rstate), step, checkpoints))
@@ -569,12 +650,16 @@ class Progress:
   def write(self, step: int, in_flight: list, clock: Clock) -> None:
     fetched = first_replica(in_flight)  # one fetch; blocks until these steps are done
     training, input_wait = clock.close_interval()
+    # Each a number, or one per seed (config.seeds > 1): their mean is the record's
+    values = {
+      "loss": np.mean([m["loss"] for m in fetched], axis=0),
+      "accuracy": np.mean([m["accuracy"] for m in fetched], axis=0),
+      "param_norm": np.asarray(fetched[-1]["param_norm"]),
+      "grad_norm": np.asarray(fetched[-1]["grad_norm"]),
+    }
     record = {
       "step": step,
-      "loss": float(np.mean([m["loss"] for m in fetched])),
-      "accuracy": float(np.mean([m["accuracy"] for m in fetched])),
-      "param_norm": float(fetched[-1]["param_norm"]),
-      "grad_norm": float(fetched[-1]["grad_norm"]),
+      **{name: float(np.mean(v)) for name, v in values.items()},
       "learning_rate": float(self.schedule(np.int32(step - 1))),
       "examples_per_sec": len(fetched) * self.config.batch_size / training,
       "sec_per_batch": training / len(fetched),
@@ -582,7 +667,11 @@ class Progress:
       "elapsed_sec": clock.since_launch(),  # this launch, wall clock
       "eta_sec": (self.num_steps - step) * training / len(fetched),  # training only
     }
-    if not all(np.isfinite(record[k]) for k in ("loss", "grad_norm", "param_norm")):
+    if self.config.seeds > 1:
+      record.update(
+        metrics_lib.per_seed(values, range(self.config.seed, self.config.seed + self.config.seeds))
+      )
+    if not all(np.isfinite(values[k]).all() for k in ("loss", "grad_norm", "param_norm")):
       raise UserError(
         f"loss, gradients or parameters became NaN/inf by step {step} (loss {record['loss']}); "
         f"{self.checkpoints.kept()}; lower learning_rate or set grad_clip_norm"

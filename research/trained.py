@@ -17,6 +17,10 @@ A file that does not decode is named and skipped.
 
 `load(WORKDIR)` gives the run's config, class names, variables and model, and
 `predict(images_u8)`: class probabilities, through the run's eval preprocessing.
+
+A run of several seeds (`config.seeds`) is evaluated seed by seed; `predict` and `load` take
+one seed (`--seed=N`, `seed=N`) or, by default, the ensemble of all: the mean of their
+probabilities. A fine-tune (`init_from`) starts from one seed's weights (`init_from_seed`).
 """
 
 import argparse
@@ -70,6 +74,9 @@ class Trained:
   variables: dict  # {"params": ..., "batch_stats": ...}
   model: nn.Module
   step: int  # the checkpoint's
+  # The seeds whose variables are stacked along a leading axis, predicting as their ensemble
+  # (the mean of their probabilities); () for one seed's variables
+  seeds: tuple = ()
 
   def predict(self, images, sizes=None) -> np.ndarray:
     """Class probabilities [N, num_classes] of `images`: image files or PIL images (a list),
@@ -107,9 +114,13 @@ class Trained:
 
   def probabilities(self, variables, images_u8, sizes=None):
     """`predict` as a function of the variables, to jit or pmap."""
-    weights = Weights(variables["params"], variables["batch_stats"], self.model.apply)
-    logits, _ = steps.eval_logits(weights, images_u8, sizes, preprocess=self.preprocess)
-    return jax.nn.softmax(logits)
+
+    def one(variables):
+      weights = Weights(variables["params"], variables["batch_stats"], self.model.apply)
+      logits, _ = steps.eval_logits(weights, images_u8, sizes, preprocess=self.preprocess)
+      return jax.nn.softmax(logits)
+
+    return jax.vmap(one)(variables).mean(0) if self.seeds else one(variables)
 
 
 def stored_size(config) -> int:
@@ -146,14 +157,36 @@ def run_classes(workdir: Path, config) -> tuple[str, ...]:
   return tuple(classes or (str(label) for label in range(config.model.num_classes)))
 
 
-def load(workdir, step: int | None = None) -> Trained:
-  """The run in `workdir` at its newest checkpoint (or `step`'s)."""
+def load(workdir, step: int | None = None, seed: int | None = None) -> Trained:
+  """The run in `workdir` at its newest checkpoint (or `step`'s). A run of several seeds:
+  `seed`'s weights, or (None) the ensemble of all its seeds."""
   workdir = Path(workdir)
   config = run_config(workdir)
   step, state = checkpoint.read(workdir, step)
   variables = {"params": state["params"], "batch_stats": state.get("batch_stats", {})}
+  seeds = run_seeds(config)
+  if seed is not None:
+    variables, seeds = one_seed(variables, config, seed, f"{workdir} seed={seed}"), ()
   model = models.create(config.model, None)
-  return Trained(config, run_classes(workdir, config), variables, model, step)
+  return Trained(config, run_classes(workdir, config), variables, model, step, seeds)
+
+
+def run_seeds(config) -> tuple:
+  """The seeds a run of `config` trained in one program; () for one seed."""
+  seeds = config.get("seeds", 1)
+  return tuple(range(config.seed, config.seed + seeds)) if seeds > 1 else ()
+
+
+def one_seed(tree, config, seed: int, what: str):
+  """`seed`'s part of a tree a run of `config` saved (leaves with a leading seed axis for several
+  seeds); a user error naming `what` for a seed the run did not train."""
+  seeds = run_seeds(config) or (config.seed,)
+  if seed not in seeds:
+    raise UserError(
+      f"{what}: the run trained seed{'s' if len(seeds) > 1 else ''} "
+      f"{', '.join(map(str, seeds))}; choose one of those"
+    )
+  return jax.tree.map(lambda x: x[seeds.index(seed)], tree) if len(seeds) > 1 else tree
 
 
 def evaluate(workdir, step: int | None = None, overrides=()) -> dict:
@@ -177,7 +210,7 @@ def evaluate(workdir, step: int | None = None, overrides=()) -> dict:
   model = models.create(config.model, AXIS)
   weights = Weights(state["params"], state.get("batch_stats", {}), model.apply)
   start = time.perf_counter()
-  record = eval_record(step, inputs.evaluate(replicate(weights), True))
+  record = eval_record(step, inputs.evaluate(replicate(weights), True), run_seeds(config))
   record.update(eval_sec=time.perf_counter() - start, time=time.time())
   record["overrides"] = dict(overrides)
   print(format_eval_line(record), flush=True)
@@ -187,10 +220,13 @@ def evaluate(workdir, step: int | None = None, overrides=()) -> dict:
   return record
 
 
-def predict(workdir, paths, top_k: int = 1, output=None, step: int | None = None) -> list[dict]:
+def predict(
+  workdir, paths, top_k: int = 1, output=None, step: int | None = None, seed: int | None = None
+) -> list[dict]:
   """Each readable image under `paths`: {"path", "classes": top_k names, "probabilities"};
-  written to `output` (a CSV) or printed as a table."""
-  model = load(Path(workdir), step)
+  written to `output` (a CSV) or printed as a table. A run of several seeds: `seed`'s
+  predictions, or (None) their ensemble's."""
+  model = load(Path(workdir), step, seed)
   if not 1 <= top_k <= len(model.classes):
     raise UserError(f"--top_k={top_k}: choose 1 to {len(model.classes)} (the run's classes)")
   files = _image_files(paths)
@@ -305,6 +341,7 @@ def check_warm_start(config, augment, model) -> Source:
   unless it shares a parameter (path and shape) with `model`, fed by `augment` (the run's)."""
   workdir, step = warm_start_source(config)
   step, saved = checkpoint.read(workdir, step)
+  saved = _source_seed(config, workdir, saved)
   size = stored_size(config)  # the model's input is made from stored examples of this side
   example = jax.ShapeDtypeStruct((1, size, size, 3), jnp.uint8)
   images = jax.eval_shape(augment, jax.random.key(0), example)
@@ -314,6 +351,21 @@ def check_warm_start(config, augment, model) -> Source:
   if not any(p in theirs and np.shape(theirs[p]) == leaf.shape for p, leaf in mine.items()):
     raise _fits_nothing(config.init_from)
   return Source(config.init_from, workdir, step, saved)
+
+
+def _source_seed(config, workdir: Path, saved: dict) -> dict:
+  """The weights of `init_from`'s run: of its seed `init_from_seed` where it trained several
+  (a user error if none is chosen)."""
+  source = run_config(workdir)
+  seeds = run_seeds(source)
+  if not seeds:
+    return saved
+  if config.init_from_seed < 0:
+    raise UserError(
+      f"init_from={config.init_from!r} trained seeds {seeds[0]}-{seeds[-1]}; choose the one to "
+      "start from with --config.init_from_seed=N"
+    )
+  return one_seed(saved, source, config.init_from_seed, f"init_from_seed={config.init_from_seed}")
 
 
 def _fits_nothing(name: str) -> UserError:
@@ -383,6 +435,13 @@ def parse_args(argv: list[str]):
     parser.add_argument("--top_k", type=int, default=1, help="classes per image")
     parser.add_argument("--output", default="", help="a CSV file (default: a table)")
   parser.add_argument("--step", type=int, default=None, help="default: the newest checkpoint")
+  if command == "predict":
+    parser.add_argument(
+      "--seed",
+      type=int,
+      default=None,
+      help="a run of several seeds: this seed's weights (default: the ensemble of all)",
+    )
   args, rest = parser.parse_known_args(argv[1:])
   args.command = command
   return args, configuration.overrides(rest)
@@ -398,7 +457,7 @@ def main(argv: list[str]) -> int:
     elif overrides:
       raise UserError("predict uses the run's config as it is; it takes no --config.FIELD")
     else:
-      predict(workdir, args.paths, args.top_k, args.output, args.step)
+      predict(workdir, args.paths, args.top_k, args.output, args.step, args.seed)
   except UserError as e:
     print(f"error: {e}", file=sys.stderr)
     return EXIT_USER_ERROR

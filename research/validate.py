@@ -34,7 +34,9 @@ INT_FIELDS = (
   ("host_image_size", 1),
   ("micro_batch_size", 0),
   ("seed", 0),
+  ("seeds", 1),
   ("init_from_step", 0),
+  ("init_from_seed", -1),
 )
 # Numeric fields with a valid range: (field, the range in words, the test).
 RANGES = (

@@ -131,7 +131,7 @@ def test_the_recipe_s_step_on_8_devices_equals_its_step_on_1(training):
 def test_the_whitening_filters_come_from_the_data_and_whiten_it(training):
   state = training.from_data(training.state)
   config = configuration.load(SMOKE)
-  images = training.inputs.first_images(config.model.init_examples)
+  images = training.inputs.first_images(config.model.init_examples, config.seed)
   images = np.asarray(augment.build("normalize")(jax.random.key(0), images))
   kernel = np.asarray(state.params["whiten"]["kernel"])  # [2, 2, 3, 24]: 12 filters and negatives
   np.testing.assert_allclose(kernel[..., 12:], -kernel[..., :12])

@@ -57,7 +57,8 @@ def make(
 
 @register("synthetic")
 def load(config) -> ImageDataset:
-  """`make` with the config's sizes, noise and seed."""
+  """`make` with the config's sizes and noise: the same data whatever the run's seed (the seed
+  is the training's: a run's seeds, `config.seeds`, share its data)."""
   return from_config(config, config.synthetic_train_size, config.synthetic_test_size)
 
 
@@ -68,6 +69,5 @@ def from_config(config, train_size: int, test_size: int, fallback_reason: str = 
     num_classes=min(config.model.num_classes, CLASSES),  # labels the model has
     image_size=config.synthetic_image_size,
     noise=config.synthetic_noise,
-    seed=config.seed,
     fallback_reason=fallback_reason,
   )

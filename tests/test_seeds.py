@@ -1,0 +1,148 @@
+"""Several seeds in one program (`config.seeds`): each seed trains as its single run would,
+a stopped run resumes exactly, and eval, predict, `trained.load` and `init_from` know seeds."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from research import configuration, train, trained
+from research.errors import UserError
+from research.train import train_and_evaluate
+from tests.test_resilience import _events
+
+SEEDS = (1, 2)  # config.seed = 1, config.seeds = 2
+# A seed's run differs from its single run by float rounding: the seeds' convolutions run
+# batched over the seed axis (another kernel, other rounding). Step 1 starts from the same
+# parameters on the same examples: its loss, a mean of 64 float32 terms, agrees to rounding
+# (1e-5 bounds it; measured 8e-8). After it the difference grows as rounding does in
+# training, and faster where it flips a max-pool's choice within a window or a ReLU's sign.
+# Measured on the two :smoke runs of 8 steps here, 8 devices (docs/seeds.md): VGG's losses
+# 1e-3 relative apart at the last step (1.2e-2 at most on the way), the final eval loss 2e-3
+# and the accuracy one example of 250; the Keras CNN's bit for bit. The bounds allow ten times
+# the drift measured.
+FIRST_LOSS_RTOL = 1e-5
+LAST_LOSS_RTOL = 1e-2
+EVAL_LOSS_RTOL = 2e-2
+EVAL_EXAMPLES = 10
+
+
+def _config(name: str, **fields):
+  config = configuration.load(f"configs/{name}.py:smoke")
+  config.update(num_train_steps=8, log_every_steps=1, checkpoint_every_steps=4, seed=SEEDS[0])
+  config.update(fields)
+  return config
+
+
+def _records(workdir):
+  lines = (workdir / "metrics.jsonl").read_text().splitlines()
+  return [json.loads(line) for line in lines]
+
+
+@pytest.fixture(scope="module", params=["cifar_vgg", "cifar_keras_cnn"])  # BatchNorm; dropout
+def runs(request, tmp_path_factory):
+  """(config name, the workdir of both seeds in one run, {seed: its single run's workdir})."""
+  root = tmp_path_factory.mktemp(request.param)
+  train_and_evaluate(_config(request.param, seeds=len(SEEDS)), str(root / "seeds"))
+  singles = {}
+  for seed in SEEDS:
+    singles[seed] = root / f"seed{seed}"
+    train_and_evaluate(_config(request.param, seed=seed), str(singles[seed]))
+  return request.param, root / "seeds", singles
+
+
+def test_each_seed_trains_as_its_single_run(runs):
+  _, workdir, singles = runs
+  records = _records(workdir)
+  train_records = [r for r in records if "loss" in r]
+  final = records[-1]
+  assert final["per_seed"]["seed"] == list(SEEDS)
+  for i, seed in enumerate(SEEDS):
+    single = _records(singles[seed])
+    single_train = [r for r in single if "loss" in r]
+    mine = [r["per_seed"]["loss"][i] for r in train_records]
+    theirs = [r["loss"] for r in single_train]
+    np.testing.assert_allclose(mine[0], theirs[0], rtol=FIRST_LOSS_RTOL)
+    np.testing.assert_allclose(mine[-1], theirs[-1], rtol=LAST_LOSS_RTOL)
+    eval_loss = final["per_seed"]["eval_loss"][i]
+    np.testing.assert_allclose(eval_loss, single[-1]["eval_loss"], rtol=EVAL_LOSS_RTOL)
+    accuracy = final["per_seed"]["eval_accuracy"][i]
+    assert abs(accuracy - single[-1]["eval_accuracy"]) * 250 <= EVAL_EXAMPLES
+  accuracies = final["per_seed"]["eval_accuracy"]
+  assert final["eval_accuracy"] == pytest.approx(np.mean(accuracies))
+  assert final["eval_accuracy_std"] == pytest.approx(np.std(accuracies, ddof=1))
+  assert final["eval_examples"] == 250  # every seed counts each test example once
+
+
+def test_each_seed_s_numbers_go_to_tensorboard(runs):
+  _, workdir, _ = runs
+  tags = {v.tag for e in _events(workdir) for v in e.summary.value}
+  for seed in SEEDS:
+    assert {f"train/loss/seed_{seed}", f"eval/accuracy/seed_{seed}"} <= tags, sorted(tags)
+  assert {"train/loss", "eval/accuracy"} <= tags  # the seeds' means
+
+
+def test_eval_reproduces_each_seed_s_final_eval(runs):
+  _, workdir, _ = runs
+  final = _records(workdir)[-1]
+  record = trained.evaluate(workdir)
+  assert record["per_seed"] == final["per_seed"]
+
+
+def test_load_predicts_one_seed_or_the_ensemble_of_all(runs):
+  _, workdir, _ = runs
+  images = np.random.default_rng(0).integers(0, 256, (5, 32, 32, 3), np.uint8)
+  each = [trained.load(workdir, seed=seed).predict(images) for seed in SEEDS]
+  ensemble = trained.load(workdir).predict(images)
+  np.testing.assert_allclose(ensemble, np.mean(each, axis=0), rtol=1e-5, atol=1e-7)
+  assert not np.allclose(each[0], each[1])  # two trained networks, not one
+  with pytest.raises(UserError, match=r"trained seeds 1, 2; choose one"):
+    trained.load(workdir, seed=7)
+
+
+def test_a_fine_tune_starts_from_the_seed_it_names(runs):
+  name, workdir, _ = runs
+  with pytest.raises(UserError, match=r"trained seeds 1-2; choose .*--config.init_from_seed=N"):
+    train.setup(_config(name, init_from=str(workdir)), warm_start=True)
+  training = train.setup(_config(name, init_from=str(workdir), init_from_seed=2), True)
+  saved = trained.load(workdir, seed=2).variables["params"]
+  same = jax.tree.map(np.array_equal, training.state.params, saved)
+  assert all(jax.tree.leaves(same))
+
+
+def test_a_run_that_dies_resumes_exactly(runs, tmp_path, monkeypatch, capsys):
+  """Dies at step 6 without a word (as a killed process: no checkpoint of its own), then
+  resumes from step 4's checkpoint and ends as the run that never died, every seed."""
+  name, uninterrupted, _ = runs
+  if name != "cifar_vgg":
+    pytest.skip("one model shows it: the checkpoint holds every seed's state")
+  write = train.Progress.write
+
+  def dies_at_6(self, step, *args):
+    if step == 6:
+      raise SystemExit("killed")
+    write(self, step, *args)
+
+  monkeypatch.setattr(train.Progress, "write", dies_at_6)
+  with pytest.raises(SystemExit):
+    train_and_evaluate(_config(name, seeds=len(SEEDS)), str(tmp_path))
+  monkeypatch.undo()
+  capsys.readouterr()
+  train_and_evaluate(_config(name, seeds=len(SEEDS)), str(tmp_path))
+  assert "resumed from the checkpoint at step 4" in capsys.readouterr().out
+  last_train = lambda w: [r for r in _records(w) if "loss" in r][-1]["per_seed"]
+  assert last_train(tmp_path) == last_train(uninterrupted)  # bit for bit
+  assert _records(tmp_path)[-1]["per_seed"] == _records(uninterrupted)[-1]["per_seed"]
+
+
+def test_seeds_that_do_not_fit_the_devices_stop_before_anything_is_written(tmp_path, monkeypatch):
+  monkeypatch.setattr(train, "free_device_bytes", lambda: 1000)
+  with pytest.raises(UserError, match=r"2 seeds in one program.*do not fit; not one seed fits"):
+    train_and_evaluate(_config("cifar_vgg", seeds=2), str(tmp_path / "run"))
+  assert not (tmp_path / "run" / "config.json").exists()
+
+
+def test_seeds_need_resident_data():
+  with pytest.raises(UserError, match=r"seeds=2 trains its seeds on one resident copy"):
+    train.setup(_config("cifar_vgg", seeds=2, dataset="imagenette"))
