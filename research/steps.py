@@ -46,12 +46,17 @@ def run_keys(seed):
   return jax.random.split(jax.random.key(seed), 3)
 
 
-def seeded(train_step, seeds, batch_axes, *, gather, augment):
+def seeded(train_step, seeds, batch_axes, *, gather, augment, vectorized: bool = True):
   """`train_step` for `len(seeds)` runs at once (`config.seeds`): the state has a leading seed
   axis, and so has each part of the batch whose `batch_axes` (a vmap in_axes prefix of the
   batch) is 0 (the data order); the parts with None (the data itself) are shared. Each seed's
   step draws from its own keys, the step's and its examples' own, as its single run would.
-  Collectives (`lax.pmean` over AXIS) batch over the seeds: each seed is averaged apart."""
+
+  `vectorized`: the seeds' steps are one batched computation (`jax.vmap`: a GPU that one seed
+  leaves idle runs them side by side; collectives batch over the seeds, each averaged apart);
+  else each seed's step is traced apart, one after another in the program, as the step's
+  micro-batches are (the single step's kernels, which XLA:CPU runs side by side on its
+  cores; the compile grows with the seeds). BENCHMARKS.md measures both on CPU."""
   seeds = np.asarray(seeds, np.int32)
 
   def one(state, batch, seed):
@@ -64,7 +69,20 @@ def seeded(train_step, seeds, batch_axes, *, gather, augment):
     )
 
   def step(state, batch):
-    return jax.vmap(one, in_axes=(0, batch_axes, 0))(state, batch, seeds)
+    if vectorized:
+      return jax.vmap(one, in_axes=(0, batch_axes, 0))(state, batch, seeds)
+    is_axis = lambda axis: axis is None
+    mine = jax.tree.map(
+      lambda axis, x: x if axis == 0 else None, batch_axes, batch, is_leaf=is_axis
+    )
+    take = lambda axis, shared, own: own if axis == 0 else shared
+    outs = []
+    for i, seed in enumerate(seeds):
+      part = jax.tree.map(lambda x, i=i: x[i], (state, mine))
+      outs.append(
+        one(part[0], jax.tree.map(take, batch_axes, batch, part[1], is_leaf=is_axis), seed)
+      )
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *outs)
 
   return step
 

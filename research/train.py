@@ -105,8 +105,15 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
     frozen=optim.frozen_mask(config, one.params, checked.groups),
   )
   if several:
+    mode = config.seeds_mode
+    vectorized = mode == "vmap" or (mode == "auto" and jax.default_backend() != "cpu")
     train_step = steps.seeded(
-      train_step, seeds, inputs.seed_axes, gather=inputs.gather, augment=checked.augment
+      train_step,
+      seeds,
+      inputs.seed_axes,
+      gather=inputs.gather,
+      augment=checked.augment,
+      vectorized=vectorized,
     )
   return Training(
     inputs,
@@ -225,9 +232,10 @@ def _describe(config, training: Training, state, echo) -> None:
   n_params = sum(x.size for x in jax.tree.leaves(state.params)) // len(training.seeds)  # a seed's
   per_device, micro = training.per_device_batch, training.micro_batch
   first, last = training.seeds[0], training.seeds[-1]
-  seeds = f" | seeds {first}-{last} in one program, each" if last > first else ""
+  seeds = f" | seeds {first}-{last} in one program" if last > first else ""
   echo(
-    f"{config.model.name}: {n_params:,} parameters | {jax.device_count()} "
+    f"{config.model.name}: {n_params:,} parameters{' a seed' if last > first else ''} | "
+    f"{jax.device_count()} "
     f"device{'s' if jax.device_count() > 1 else ''} "
     f"({jax.devices()[0].device_kind}) | global batch {config.batch_size} = "
     f"{per_device} per device{f' in micro-batches of {micro}' if micro < per_device else ''} | "
@@ -441,10 +449,7 @@ def _compiled_step(training: Training, rstate, first_batch, times: dict, echo, i
   p_train_step = p_train_step.lower(rstate, first_batch).compile()
   times["compile_sec"] = time.perf_counter() - start
   times["step_from_cache"] = _CACHE_HITS[0] > hits
-  if len(training.seeds) > 1:
-    fit = seeds_that_fit(p_train_step, training.state, len(training.seeds))
-    if is_main:
-      echo(fit)
+  fit = seeds_that_fit(p_train_step, training.state, len(training.seeds))
   compiled = f"compiled the train step in {times['compile_sec']:.1f} s"
   if times["step_from_cache"]:
     compiled = f"loaded the train step from the compilation cache in {times['compile_sec']:.1f} s"
@@ -464,6 +469,8 @@ def _compiled_step(training: Training, rstate, first_batch, times: dict, echo, i
     compiled += f"; ran each once to warm up in {time.perf_counter() - start:.1f} s"
   if is_main:
     echo(compiled)
+    if fit:
+      echo(fit)
   return p_train_step
 
 
@@ -482,10 +489,12 @@ def free_device_bytes() -> int:
 
 
 def seeds_that_fit(compiled, state, seeds: int) -> str:
-  """The line that says how much memory the step of `seeds` seeds takes on each device and
-  about how many seeds fit; a user error when these do not. The step's arguments (the data and
-  the state) are already on the devices; each seed adds its state and its share of what the
-  step allocates besides (XLA's memory analysis of the compiled step)."""
+  """For several `seeds`, the line that says how much memory their step takes on each device
+  and about how many seeds fit ("" for one); a user error when these do not. The step's
+  arguments (the data and the state) are already on the devices; each seed adds its state
+  and its share of what the step allocates besides (XLA's memory analysis of the step)."""
+  if seeds == 1:
+    return ""
   memory = compiled.memory_analysis()
   step_bytes = memory.temp_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes
   state_bytes = sum(np.asarray(x).nbytes for x in jax.tree.leaves(state))
@@ -494,9 +503,8 @@ def seeds_that_fit(compiled, state, seeds: int) -> str:
   fit = seeds + int((free - step_bytes) // per_seed)
   gib = lambda n: f"{n / 2**30:.2f} GiB"
   said = (
-    f"{seeds} seeds in one program: each seed takes about {gib(per_seed)} of each device "
-    f"(its state and its part of the step), the step {gib(step_bytes)} besides the state of "
-    f"the {gib(free)} free"
+    f"{seeds} seeds in one program: their step takes {gib(step_bytes)} of each device besides "
+    f"the state ({gib(per_seed)} a seed, its state included), of {gib(free)} free"
   )
   if step_bytes > free:
     raise UserError(

@@ -13,15 +13,15 @@ from research.train import train_and_evaluate
 from tests.test_resilience import _events
 
 SEEDS = (1, 2)  # config.seed = 1, config.seeds = 2
-# A seed's run differs from its single run by float rounding: the seeds' convolutions run
-# batched over the seed axis (another kernel, other rounding). Step 1 starts from the same
-# parameters on the same examples: its loss, a mean of 64 float32 terms, agrees to rounding
-# (1e-5 bounds it; measured 8e-8). After it the difference grows as rounding does in
-# training, and faster where it flips a max-pool's choice within a window or a ReLU's sign.
-# Measured on the two :smoke runs of 8 steps here, 8 devices (docs/seeds.md): VGG's losses
-# 1e-3 relative apart at the last step (1.2e-2 at most on the way), the final eval loss 2e-3
-# and the accuracy one example of 250; the Keras CNN's bit for bit. The bounds allow ten times
-# the drift measured.
+# A seed's run differs from its single run by float rounding at most. Traced apart (the CPU's
+# auto), each seed's step is the single step: measured bit for bit. Batched (vmap), the seeds'
+# convolutions run as one computation with other kernels and other rounding. Step 1 starts
+# from the same parameters on the same examples: its loss, a mean of 64 float32 terms,
+# agrees to rounding (1e-5 bounds it; measured 8e-8). After it the difference grows as
+# rounding does in training, faster where it flips a max-pool's choice within a window or a
+# ReLU's sign. Measured batched on VGG's :smoke run of 8 steps here, 8 devices
+# (docs/seeds.md): losses 1e-3 relative apart at the last step (1e-2 at most on the way), the
+# final eval loss 2e-3, the accuracy one example of 250. The bounds allow ten times that.
 FIRST_LOSS_RTOL = 1e-5
 LAST_LOSS_RTOL = 1e-2
 EVAL_LOSS_RTOL = 2e-2
@@ -40,20 +40,40 @@ def _records(workdir):
   return [json.loads(line) for line in lines]
 
 
-@pytest.fixture(scope="module", params=["cifar_vgg", "cifar_keras_cnn"])  # BatchNorm; dropout
-def runs(request, tmp_path_factory):
-  """(config name, the workdir of both seeds in one run, {seed: its single run's workdir})."""
-  root = tmp_path_factory.mktemp(request.param)
-  train_and_evaluate(_config(request.param, seeds=len(SEEDS)), str(root / "seeds"))
-  singles = {}
-  for seed in SEEDS:
-    singles[seed] = root / f"seed{seed}"
-    train_and_evaluate(_config(request.param, seed=seed), str(singles[seed]))
-  return request.param, root / "seeds", singles
+@pytest.fixture(scope="module")
+def single_runs(tmp_path_factory):
+  """config name -> {seed: the workdir of its single run}, each trained once."""
+  made = {}
+
+  def runs_of(name: str) -> dict:
+    if name not in made:
+      root = tmp_path_factory.mktemp(f"{name}-single")
+      for seed in SEEDS:
+        train_and_evaluate(_config(name, seed=seed), str(root / f"seed{seed}"))
+      made[name] = {seed: root / f"seed{seed}" for seed in SEEDS}
+    return made[name]
+
+  return runs_of
+
+
+# The models with BatchNorm and with dropout, their seeds as the CPU runs them (auto: each
+# seed's step traced apart) and, for VGG, batched as a GPU runs them (vmap).
+@pytest.fixture(
+  scope="module",
+  params=[("cifar_vgg", "auto"), ("cifar_keras_cnn", "auto"), ("cifar_vgg", "vmap")],
+  ids=lambda p: "-".join(p),
+)
+def runs(request, tmp_path_factory, single_runs):
+  """(config name, its fields, the workdir of both seeds in one run, {seed: its single run})."""
+  name, mode = request.param
+  fields = dict(seeds=len(SEEDS), seeds_mode=mode)
+  workdir = tmp_path_factory.mktemp(f"{name}-{mode}") / "seeds"
+  train_and_evaluate(_config(name, **fields), str(workdir))
+  return name, fields, workdir, single_runs(name)
 
 
 def test_each_seed_trains_as_its_single_run(runs):
-  _, workdir, singles = runs
+  _, _, workdir, singles = runs
   records = _records(workdir)
   train_records = [r for r in records if "loss" in r]
   final = records[-1]
@@ -76,7 +96,7 @@ def test_each_seed_trains_as_its_single_run(runs):
 
 
 def test_each_seed_s_numbers_go_to_tensorboard(runs):
-  _, workdir, _ = runs
+  _, _, workdir, _ = runs
   tags = {v.tag for e in _events(workdir) for v in e.summary.value}
   for seed in SEEDS:
     assert {f"train/loss/seed_{seed}", f"eval/accuracy/seed_{seed}"} <= tags, sorted(tags)
@@ -84,14 +104,14 @@ def test_each_seed_s_numbers_go_to_tensorboard(runs):
 
 
 def test_eval_reproduces_each_seed_s_final_eval(runs):
-  _, workdir, _ = runs
+  _, _, workdir, _ = runs
   final = _records(workdir)[-1]
   record = trained.evaluate(workdir)
   assert record["per_seed"] == final["per_seed"]
 
 
 def test_load_predicts_one_seed_or_the_ensemble_of_all(runs):
-  _, workdir, _ = runs
+  _, _, workdir, _ = runs
   images = np.random.default_rng(0).integers(0, 256, (5, 32, 32, 3), np.uint8)
   each = [trained.load(workdir, seed=seed).predict(images) for seed in SEEDS]
   ensemble = trained.load(workdir).predict(images)
@@ -102,7 +122,7 @@ def test_load_predicts_one_seed_or_the_ensemble_of_all(runs):
 
 
 def test_a_fine_tune_starts_from_the_seed_it_names(runs):
-  name, workdir, _ = runs
+  name, _, workdir, _ = runs
   with pytest.raises(UserError, match=r"trained seeds 1-2; choose .*--config.init_from_seed=N"):
     train.setup(_config(name, init_from=str(workdir)), warm_start=True)
   training = train.setup(_config(name, init_from=str(workdir), init_from_seed=2), True)
@@ -114,9 +134,9 @@ def test_a_fine_tune_starts_from_the_seed_it_names(runs):
 def test_a_run_that_dies_resumes_exactly(runs, tmp_path, monkeypatch, capsys):
   """Dies at step 6 without a word (as a killed process: no checkpoint of its own), then
   resumes from step 4's checkpoint and ends as the run that never died, every seed."""
-  name, uninterrupted, _ = runs
-  if name != "cifar_vgg":
-    pytest.skip("one model shows it: the checkpoint holds every seed's state")
+  name, fields, uninterrupted, _ = runs
+  if fields["seeds_mode"] != "vmap":
+    pytest.skip("one run shows it: the checkpoint holds every seed's state")
   write = train.Progress.write
 
   def dies_at_6(self, step, *args):
@@ -126,10 +146,10 @@ def test_a_run_that_dies_resumes_exactly(runs, tmp_path, monkeypatch, capsys):
 
   monkeypatch.setattr(train.Progress, "write", dies_at_6)
   with pytest.raises(SystemExit):
-    train_and_evaluate(_config(name, seeds=len(SEEDS)), str(tmp_path))
+    train_and_evaluate(_config(name, **fields), str(tmp_path))
   monkeypatch.undo()
   capsys.readouterr()
-  train_and_evaluate(_config(name, seeds=len(SEEDS)), str(tmp_path))
+  train_and_evaluate(_config(name, **fields), str(tmp_path))
   assert "resumed from the checkpoint at step 4" in capsys.readouterr().out
   last_train = lambda w: [r for r in _records(w) if "loss" in r][-1]["per_seed"]
   assert last_train(tmp_path) == last_train(uninterrupted)  # bit for bit

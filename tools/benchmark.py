@@ -22,6 +22,10 @@
                         host-memory settings, on and off in the shipped default steps (Keras
                         CNN, VGG-16, Inception-v3 :smoke): compiled in one process, timed in
                         alternating rounds (the malloc settings in alternating processes).
+  seeds                 a config's bare step with --seeds=N (default 1,4) in one program,
+                        batched (vmap) and traced apart (unroll): seconds per
+                        seed-step ÷ those of one seed's step, timed in alternating rounds
+                        after all compiled (the price of a seed).
 All training benchmarks use the synthetic dataset (same shapes as CIFAR-10; throughput of
 resident data does not depend on pixel values). Results go to the console and
 WORKDIR/benchmark.json.
@@ -145,6 +149,41 @@ def cpu_steps(path: str) -> dict:
       "speedup": ours / xla,
     }
   return rows
+
+
+def seeds_cost(path: str, small: bool, counts, rounds: int, seconds: float = 6.0) -> dict:
+  """Seconds per step of the bare step of `path` with each of `counts` seeds in one program,
+  the seeds batched (vmap) and traced apart (unroll), compiled first and then timed in
+  `rounds` alternating rounds; per seed-step ÷ one seed's step."""
+  runs = {}
+  for count in counts:
+    for vectorized in (True, False) if count > 1 else (True,):
+      name = f"{count} {'vmap' if vectorized else 'unroll'}" if count > 1 else str(count)
+      config = _config(path, small, seeds=count, seeds_mode="vmap" if vectorized else "unroll")
+      training, p_step = _bare(config)
+      rstate, batches = replicate(training.state), training.inputs.batches(0)
+      _, rstate = time_steps(p_step, rstate, batches, 1, warmup=4)  # compiled, the heap grown
+      runs[name] = [p_step, rstate, batches, count]
+  one_step = {}
+  for name, run in runs.items():  # about `seconds` a round for each
+    took, run[1] = time_steps(run[0], run[1], run[2], 2, warmup=0)
+    one_step[name] = took / 2
+  timed = {name: [] for name in runs}
+  for _ in range(rounds):
+    for name, run in runs.items():
+      steps = max(2, round(seconds / one_step[name]))
+      took, run[1] = time_steps(run[0], run[1], run[2], steps, warmup=0)
+      timed[name].append(took / steps)
+  per_seed = {name: statistics.median(t) / runs[name][3] for name, t in timed.items()}
+  first = next(iter(runs))
+  return {
+    name: {
+      "sec_per_step": per_seed[name] * runs[name][3],
+      "sec_per_seed_step": per_seed[name],
+      "per_seed_step_vs_one": per_seed[name] / per_seed[first],
+    }
+    for name in runs
+  }
 
 
 FORM_CONFIGS = (
@@ -329,8 +368,9 @@ def main() -> None:
   parser.add_argument("--workers", type=int, default=os.cpu_count(), help="host aug. workers")
   parser.add_argument("--workdir", default=f"runs/benchmark-{time.strftime('%Y%m%d-%H%M%S')}")
   parser.add_argument(
-    "--only", choices=("train", "decode", "conv2d", "cpu", "forms"), help="one benchmark"
+    "--only", choices=("train", "decode", "conv2d", "cpu", "forms", "seeds"), help="one benchmark"
   )
+  parser.add_argument("--seeds", default="1,4", help="seeds: the seed counts to compare")
   parser.add_argument("--rounds", type=int, default=3, help="forms: alternating rounds")
   parser.add_argument("--variants", default="", help="forms: comma-separated (default: all)")
   parser.add_argument("--configs", default="", help="forms: comma-separated config specs")
@@ -376,6 +416,10 @@ def main() -> None:
     results["cpu"] = {Path(path).stem: cpu_steps(path) for path in CONFIGS}
   if args.only == "forms":
     results["forms"] = {path: form_gains(path, args.variants, args.rounds) for path in args.configs}
+  if args.only == "seeds":
+    results["seeds"] = {
+      Path(path).stem: seeds_cost(path, args.small, args.seeds, args.rounds) for path in CONFIGS
+    }
     results["malloc"] = "system" if args.system_malloc else "host_memory"
   (workdir / "benchmark.json").write_text(json.dumps(results, indent=2) + "\n")
   _print(results)
@@ -395,6 +439,10 @@ def _check(args) -> None:
       f"{', '.join(map(repr, form_variants()))}"
     )
   args.configs = [c for c in args.configs.split(",") if c] or list(FORM_CONFIGS)
+  counts = args.seeds.split(",")
+  if not all(c.isdecimal() and int(c) >= 1 for c in counts):
+    raise UserError(f"--seeds={args.seeds!r}: give seed counts of 1 or more, e.g. 1,4")
+  args.seeds = [int(c) for c in counts]
   for spec in args.configs:
     configuration.load(spec)  # a UserError names what is wrong with it
   workdir_lib.check_writable(Path(args.workdir))
@@ -442,6 +490,14 @@ def _print(results: dict) -> None:
         print(
           f"{name:18} {batch:>5} {r['devices']:7d} {r['micro_batch']:5d} "
           f"{r['xla_examples_per_sec']:7.1f} {r['examples_per_sec']:7.1f} {r['speedup']:6.2f}"
+        )
+  if "seeds" in results:
+    print("seeds in one program: seconds per step, per seed-step, and per seed-step ÷ the first's")
+    for name, rows in results["seeds"].items():
+      for count, r in rows.items():
+        print(
+          f"  {name:18} {count:>7} seeds {r['sec_per_step']:8.4f} {r['sec_per_seed_step']:8.4f}"
+          f" {r['per_seed_step_vs_one']:6.2f}"
         )
   if "forms" in results:
     print(f"CPU forms: all ÷ without each (median of per-round ratios; malloc {results['malloc']})")

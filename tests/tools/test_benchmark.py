@@ -14,6 +14,13 @@ def test_host_augmented_batches_from_worker_processes_train_the_step():
   assert benchmark.host_augmented(config, steps=2, workers=1) > 0  # examples/s
 
 
+def test_the_seeds_bench_times_each_way_of_running_seeds():
+  rows = benchmark.seeds_cost("configs/cifar_vgg.py:smoke", False, [1, 2], rounds=1, seconds=0.01)
+  assert list(rows) == ["1", "2 vmap", "2 unroll"]
+  assert rows["1"]["per_seed_step_vs_one"] == 1.0
+  assert all(r["sec_per_step"] > 0 for r in rows.values())
+
+
 @pytest.mark.parametrize(
   "args, message",
   [
@@ -22,6 +29,7 @@ def test_host_augmented_batches_from_worker_processes_train_the_step():
     (["--only=forms", "--variants=all,bogus"], "--variants: no variant 'bogus'; there are 'all', "),
     (["--only=forms", "--configs=configs/nope.py,"], "config file configs/nope.py not found"),
     (["--only=decode", "--workdir=/etc/passwd/x"], "--workdir=/etc/passwd/x is inside /etc/passwd"),
+    (["--only=seeds", "--seeds=1,0"], "--seeds='1,0': give seed counts of 1 or more"),
   ],
 )
 def test_bad_arguments_are_one_error_line_before_anything_runs(
