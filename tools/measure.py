@@ -536,15 +536,19 @@ def main_run(m: Measurement, device: dict, workdir: Path, budget_end: float, dat
   intervals = [r for r in metrics if "loss" in r and r["step"] % log_every == 0]
   final = [r for r in metrics if "eval_accuracy" in r][-1]
   scanned = folder.scan(str(data))
+  per_seed = final.get("per_seed", {})  # a run of several seeds: each seed's accuracy
   numbers = {
-    "test_accuracy": final["eval_accuracy"],
+    "test_accuracy": per_seed.get("eval_accuracy", final["eval_accuracy"]),
     "eval_examples": final["eval_examples"],
     "steps": final["step"],
     "wall_time_sec": wall,
     "examples_per_sec": statistics.median(r["examples_per_sec"] for r in intervals),
   }
   if "eval_accuracy_first_view" in final:  # test-time augmentation: the plain accuracy too
-    numbers["test_accuracy_first_view"] = final["eval_accuracy_first_view"]
+    first_view = per_seed.get("eval_accuracy_first_view", final["eval_accuracy_first_view"])
+    numbers["test_accuracy_first_view"] = first_view
+  if per_seed:
+    numbers["seeds"] = per_seed["seed"]
   launches = (workdir / "metadata.jsonl").read_text().count('"jax_version"')
   if launches == 1 and "train_sec" in final:  # one launch: its parts' times, compiles apart
     numbers["train_sec"] = final["train_sec"]

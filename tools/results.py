@@ -129,8 +129,10 @@ def _command(group: list[dict]) -> str:
   return f"`{command}` (SEED = {listed})"
 
 
-def _accuracy(values: list[float]) -> str:
-  """One run's accuracy, or the mean ± the standard deviation (n - 1) of several seeds'."""
+def _accuracy(values: list) -> str:
+  """One run's accuracy, or the mean ± the standard deviation (n - 1) of several seeds' (each
+  value one run's, or a list: the seeds of one program's)."""
+  values = [v for value in values for v in (value if isinstance(value, list) else [value])]
   if len(values) == 1:
     return _percent(values[0])
   mean = sum(values) / len(values)
@@ -184,6 +186,10 @@ def main_table(records: list[dict], expected: list[dict]) -> str:
     )
     if all("train_sec" in n for n in numbers):  # each trained in one launch
       wall_time += f" (training {sum(n['train_sec'] for n in numbers) / len(group):.1f} s)"
+    if len(group) == 1 and "seeds" in numbers[0]:  # several seeds in one program
+      n = numbers[0]
+      a_seed = n.get("train_sec", n["wall_time_sec"]) / len(n["seeds"])
+      wall_time += f", {a_seed:.2f} s a seed"
     dates = sorted({r["date"] for r in group})
     date = dates[0] if len(dates) == 1 else f"{dates[0]} – {dates[-1]}"
     rows.append(

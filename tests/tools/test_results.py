@@ -60,6 +60,25 @@ def test_the_seeds_of_one_recipe_share_a_row_with_their_mean_and_spread(tmp_path
   assert (tmp_path / "plot.png").stat().st_size > 0
 
 
+def test_seeds_in_one_program_are_a_row_with_their_mean_spread_and_time_a_seed(tmp_path):
+  record = json.loads(
+    (results.RESULTS / "amd-epyc-2-cores/main-cifar_speedrun-seed2.json").read_text()
+  )  # a committed record, made a run of seeds 0-3 in one program
+  label = "Speedrun (8 epochs), 4 seeds in one program"
+  record.update(name="cifar_speedrun-bfloat16-seeds4", label=label, dtype="bfloat16")
+  record["numbers"].update(
+    test_accuracy=[0.90, 0.91, 0.92, 0.93],
+    test_accuracy_first_view=[0.89, 0.90, 0.91, 0.92],
+    seeds=[0, 1, 2, 3],
+    train_sec=10.0,
+  )
+  results.write(record, tmp_path)
+  table = results.main_table(results.load(tmp_path), report.expected_rows())
+  row = next(line for line in table.splitlines() if label in line and "%" in line)
+  assert "| mean 91.50 ± 1.29 % with TTA (mean 90.50 ± 1.29 % without) |" in row
+  assert "(training 10.0 s), 2.50 s a seed |" in row
+
+
 def test_the_speedrun_against_airbench_takes_the_place_of_its_not_measured_row(tmp_path):
   (m,) = [m for m in report.plan("gpu", 16) if m.peer == "airbench"]
   device = {
