@@ -1,11 +1,13 @@
 """Several seeds in one program (`config.seeds`): each seed trains as its single run would,
 a stopped run resumes exactly, and eval, predict, `trained.load` and `init_from` know seeds."""
 
+import csv
 import json
 
 import jax
 import numpy as np
 import pytest
+from PIL import Image
 
 from research import configuration, train, trained
 from research.errors import UserError
@@ -119,6 +121,35 @@ def test_load_predicts_one_seed_or_the_ensemble_of_all(runs):
   assert not np.allclose(each[0], each[1])  # two trained networks, not one
   with pytest.raises(UserError, match=r"trained seeds 1, 2; choose one"):
     trained.load(workdir, seed=7)
+
+
+def test_predict_writes_one_seed_s_or_the_ensemble_s_classes(runs, tmp_path):
+  _, _, workdir, _ = runs
+  rng = np.random.default_rng(1)
+  for i in range(3):
+    Image.fromarray(rng.integers(0, 256, (40, 48, 3), np.uint8)).save(tmp_path / f"{i}.png")
+  for seed in (*SEEDS, None):
+    argv = ["predict", str(workdir), str(tmp_path), "--output", str(tmp_path / "out.csv")]
+    assert trained.main(argv + ([f"--seed={seed}"] if seed is not None else [])) == 0
+    rows = list(csv.DictReader((tmp_path / "out.csv").read_text().splitlines()))
+    model = trained.load(workdir, seed=seed)
+    expected = model.predict(sorted(tmp_path.glob("*.png")))
+    assert [float(r["probability"]) for r in rows] == pytest.approx(expected.max(1), abs=1e-6)
+
+
+def test_the_speedrun_s_seeds_whiten_with_their_own_images():
+  """Parameters from data, per seed: each seed's whitening filters are its single run's."""
+  config = configuration.load("configs/cifar_speedrun.py:smoke")
+  config.update(seed=SEEDS[0], seeds=len(SEEDS))
+  training = train.setup(config)
+  together = training.from_data(training.state).params
+  for i, seed in enumerate(SEEDS):
+    config.update(seed=seed, seeds=1)
+    single = train.setup(config)
+    alone = single.from_data(single.state).params
+    np.testing.assert_array_equal(
+      jax.tree.map(lambda x, i=i: x[i], together)["whiten"]["kernel"], alone["whiten"]["kernel"]
+    )
 
 
 def test_a_fine_tune_starts_from_the_seed_it_names(runs):
