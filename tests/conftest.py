@@ -26,7 +26,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # at its default in every process started from here on.
 signal.signal(signal.SIGINT, signal.default_int_handler)
 
-from research import environment, host_memory  # noqa: E402
+from research import host_memory  # noqa: E402
 
 host_memory.keep_freed_memory()  # as research.main does, before JAX starts its threads
 
@@ -53,20 +53,6 @@ def cifar_batch(n: int, seed: int) -> tuple[bytes, np.ndarray, np.ndarray]:
     b"filenames": [f"img_{seed}_{i}.png".encode() for i in range(n)],
   }
   return pickle.dumps(batch, protocol=2), images, np.asarray(labels)
-
-
-def env_as_users_compile(devices: int) -> dict:
-  """The environment of a child run on `devices` CPU devices: the suite's, with XLA's backend
-  optimizations on, as users run. Compiled as the suite compiles (above), the same step rounds
-  otherwise: one process of 8 devices stepped from one of the two-process test's checkpoints
-  up to 3 % of what the step moved a lower layer's element away from the same step compiled as
-  usual (2026-11-25), and a 1-device run's losses left those of 8 devices at step 3, by 5e-4,
-  where as users compile they stay within 2e-7 up to step 5 (2026-11-26; JAX 0.12.0.1, a
-  2-core AMD EPYC)."""
-  env = environment.for_devices(devices, "cpu")
-  flags = env["XLA_FLAGS"].split()
-  env["XLA_FLAGS"] = " ".join(f for f in flags if "backend_optimization_level" not in f)
-  return env
 
 
 @pytest.fixture

@@ -10,9 +10,8 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import env_as_users_compile
 
-from research import augment, configuration, inputs, steps
+from research import augment, configuration, environment, inputs, steps
 from research.inputs import replicate, to_devices
 from research.steps import AXIS
 
@@ -81,7 +80,7 @@ def _train(workdir, config: str, devices: int, steps: int, *overrides) -> str:
     sys.executable, "-m", "research.main", f"--config={config}", f"--workdir={workdir}",
     f"--config.num_train_steps={steps}", "--config.log_every_steps=1", *overrides,
   ]  # fmt: skip
-  env = env_as_users_compile(devices)  # the losses below differ otherwise (conftest.py)
+  env = environment.for_devices(devices, "cpu")  # the suite's XLA flags, this device count
   result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
   return result.stdout

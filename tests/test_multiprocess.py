@@ -13,7 +13,6 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from conftest import env_as_users_compile
 
 from research import checkpoint, configuration, environment, main, models, optim, peers
 from research.errors import UserError
@@ -94,19 +93,22 @@ def _start_one(workdir, *overrides):
   """One process of 8 CPU devices, as the pair is run (`_env`); its output, once it is done."""
   command = [sys.executable, "-m", "research.main", "--config", SMOKE, f"--workdir={workdir}"]
   result = subprocess.run(
-    [*command, *overrides], env=env_as_users_compile(8), capture_output=True, text=True, timeout=300
+    [*command, *overrides],
+    env=environment.for_devices(8, "cpu"),
+    capture_output=True,
+    text=True,
+    timeout=300,
   )
   assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
   return result.stdout
 
 
-def _start_two(workdir, *overrides, second=(), as_users_compile=True):
+def _start_two(workdir, *overrides, second=()):
   """Two processes of 4 CPU devices each, joined through jax.distributed (gloo); `second`:
   arguments of process 1 only. Their output goes to files beside `workdir`: a pipe nobody
-  reads until the end would stop a process that fills it. `as_users_compile`: XLA's
-  optimizations on, where their numbers are compared with another run's (conftest.py)."""
+  reads until the end would stop a process that fills it."""
   port = _free_port()
-  env = env_as_users_compile(4) if as_users_compile else environment.for_devices(4, "cpu")
+  env = environment.for_devices(4, "cpu")
   command = [
     sys.executable,
     "-m",
@@ -233,7 +235,7 @@ def test_a_lost_process_stops_the_other_soon_with_an_error_and_the_rerun_resumes
     "--config.checkpoint_every_epochs=0", "--config.checkpoint_every_minutes=0.02",
     f"--config.lost_process_after_sec={LOST_AFTER}",
   ]  # fmt: skip
-  processes = _start_two(two, *args, as_users_compile=False)  # no numbers compared
+  processes = _start_two(two, *args)
   deadline = time.monotonic() + 480  # minutes on a loaded 2-core machine
   try:
     while len(_saved(two)) < 2:  # saved by time only
@@ -269,7 +271,7 @@ def test_a_lost_process_stops_the_other_soon_with_an_error_and_the_rerun_resumes
     return
   newest = max(_saved(two))  # a write the loss cut short is not among them
   end = [f"--config.num_train_steps={newest + 2}"]
-  outputs = _finish_two(_start_two(two, *args, *end, as_users_compile=False), two)
+  outputs = _finish_two(_start_two(two, *args, *end), two)
   assert f"resumed from the checkpoint at step {newest}" in outputs[0]
   assert "error:" not in outputs[0] + outputs[1]  # the guardians of a run that ends stay quiet
 
