@@ -151,15 +151,16 @@ def cpu_steps(path: str) -> dict:
   return rows
 
 
-def seeds_cost(path: str, small: bool, counts, rounds: int, seconds: float = 6.0) -> dict:
+def seeds_cost(path: str, small: bool, counts, rounds: int, seconds=6.0, **overrides) -> dict:
   """Seconds per step of the bare step of `path` with each of `counts` seeds in one program,
   the seeds batched (vmap) and traced apart (unroll), compiled first and then timed in
-  `rounds` alternating rounds; per seed-step ÷ one seed's step."""
+  `rounds` alternating rounds; per seed-step ÷ one seed's step. `overrides`: config fields."""
   runs = {}
   for count in counts:
     for vectorized in (True, False) if count > 1 else (True,):
       name = f"{count} {'vmap' if vectorized else 'unroll'}" if count > 1 else str(count)
-      config = _config(path, small, seeds=count, seeds_mode="vmap" if vectorized else "unroll")
+      mode = "vmap" if vectorized else "unroll"
+      config = _config(path, small, seeds=count, seeds_mode=mode, **overrides)
       training, p_step = _bare(config)
       rstate, batches = replicate(training.state), training.inputs.batches(0)
       _, rstate = time_steps(p_step, rstate, batches, 1, warmup=4)  # compiled, the heap grown
