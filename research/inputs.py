@@ -264,9 +264,8 @@ def resident(
       in_order(epoch, shuffle_key=key), devices=local_devices, n_devices=n_devices
     )
     layout = "training split whole on every device: the same batches on any device count"
-  seeds = range(config.seed, config.seed + config.seeds)
   if config.seeds > 1:  # each seed its own order: [local devices, seeds, steps * per device]
-    keys = jnp.stack([steps.run_keys(seed)[1] for seed in seeds])
+    keys = jnp.stack([steps.run_keys(seed)[1] for seed in steps.seeds_of(config)])
     one_order = order_of
     order_of = lambda epoch: jnp.moveaxis(jax.vmap(lambda k: one_order(epoch, k))(keys), 0, 1)
     layout += f"; {config.seeds} seeds, each in its own order"

@@ -46,6 +46,12 @@ def run_keys(seed):
   return jax.random.split(jax.random.key(seed), 3)
 
 
+def seeds_of(config) -> tuple:
+  """The seeds a run of `config` trains in one program: seed, seed + 1, ... (`config.seeds` of
+  them; one for a run recorded before the field)."""
+  return tuple(range(config.seed, config.seed + config.get("seeds", 1)))
+
+
 def seeded(train_step, seeds, batch_axes, *, gather, augment, vectorized: bool = True):
   """`train_step` for `len(seeds)` runs at once (`config.seeds`): the state has a leading seed
   axis, and so has each part of the batch whose `batch_axes` (a vmap in_axes prefix of the

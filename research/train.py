@@ -69,7 +69,7 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
   model = models.create(config.model, AXIS)
   source = trained.check_warm_start(config, checked.augment, model) if warm_start else None
   init_key = steps.run_keys(config.seed)[0]
-  seeds = tuple(range(config.seed, config.seed + config.seeds))
+  seeds = steps.seeds_of(config)
   inputs = inputs_lib.for_run(config, checked)
   num_steps = config.num_train_steps
   if num_steps <= 0:
@@ -676,13 +676,17 @@ class Progress:
       "eta_sec": (self.num_steps - step) * training / len(fetched),  # training only
     }
     if self.config.seeds > 1:
-      record.update(
-        metrics_lib.per_seed(values, range(self.config.seed, self.config.seed + self.config.seeds))
-      )
-    if not all(np.isfinite(values[k]).all() for k in ("loss", "grad_norm", "param_norm")):
+      record.update(metrics_lib.per_seed(values, steps.seeds_of(self.config)))
+    finite = np.all([np.isfinite(values[k]) for k in ("loss", "grad_norm", "param_norm")], 0)
+    if not finite.all():
+      seeds = steps.seeds_of(self.config)
+      which = [
+        s for s, ok in zip(seeds, np.broadcast_to(finite, len(seeds)), strict=True) if not ok
+      ]
+      where = f" in seed {', '.join(map(str, which))}" if len(seeds) > 1 else ""
       raise UserError(
-        f"loss, gradients or parameters became NaN/inf by step {step} (loss {record['loss']}); "
-        f"{self.checkpoints.kept()}; lower learning_rate or set grad_clip_norm"
+        f"loss, gradients or parameters became NaN/inf by step {step}{where} (loss "
+        f"{record['loss']}); {self.checkpoints.kept()}; lower learning_rate or set grad_clip_norm"
       )
     self.log.train(record)
     if not self.is_main:

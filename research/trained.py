@@ -173,8 +173,8 @@ def load(workdir, step: int | None = None, seed: int | None = None) -> Trained:
 
 def run_seeds(config) -> tuple:
   """The seeds a run of `config` trained in one program; () for one seed."""
-  seeds = config.get("seeds", 1)
-  return tuple(range(config.seed, config.seed + seeds)) if seeds > 1 else ()
+  seeds = steps.seeds_of(config)
+  return seeds if len(seeds) > 1 else ()
 
 
 def one_seed(tree, config, seed: int, what: str):

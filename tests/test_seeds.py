@@ -197,3 +197,9 @@ def test_seeds_that_do_not_fit_the_devices_stop_before_anything_is_written(tmp_p
 def test_seeds_need_resident_data():
   with pytest.raises(UserError, match=r"seeds=2 trains its seeds on one resident copy"):
     train.setup(_config("cifar_vgg", seeds=2, dataset="imagenette"))
+
+
+def test_a_seed_that_diverges_stops_the_run_and_is_named(tmp_path):
+  config = _config("cifar_vgg", seeds=2, learning_rate=1e9, checkpoint_every_steps=0)
+  with pytest.raises(UserError, match=r"NaN/inf by step \d+ in seed (1|2|1, 2) \(loss"):
+    train_and_evaluate(config, str(tmp_path))
