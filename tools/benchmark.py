@@ -417,11 +417,11 @@ def main() -> None:
     results["cpu"] = {Path(path).stem: cpu_steps(path) for path in CONFIGS}
   if args.only == "forms":
     results["forms"] = {path: form_gains(path, args.variants, args.rounds) for path in args.configs}
+    results["malloc"] = "system" if args.system_malloc else "host_memory"
   if args.only == "seeds":
     results["seeds"] = {
       Path(path).stem: seeds_cost(path, args.small, args.seeds, args.rounds) for path in CONFIGS
     }
-    results["malloc"] = "system" if args.system_malloc else "host_memory"
   (workdir / "benchmark.json").write_text(json.dumps(results, indent=2) + "\n")
   _print(results)
   print(f"wrote {workdir / 'benchmark.json'}")
