@@ -81,12 +81,11 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
   # tx.init labels the parameters: a parameter group that matches none is an error here
   several = seeds if len(seeds) > 1 else None
   state = create_train_state(init_key, config, model, model_input.shape[1:], tx, several)
-  one = steps.unstack(state, len(seeds))[0] if several else state  # seed 0's: the shapes
-  if several:  # each seed starts from the same weights, as its single run would
-    warmed = [trained.warm_start(s, source) for s in steps.unstack(state, len(seeds))]
-    state, warm = steps.stack([w[0] for w in warmed]), warmed[0][1]
-  else:
-    state, warm = trained.warm_start(state, source)  # None: from scratch
+  # Each seed takes init_from's weights, as its single run would (warm None: from scratch)
+  states = steps.unstack(state, len(seeds)) if several else [state]
+  warmed = [trained.warm_start(s, source) for s in states]
+  one, warm = warmed[0]  # seed 0's state: the shapes
+  state = steps.stack([s for s, _ in warmed]) if several else one
   steps.check_axes(model, one, model_input.shape[1:], config.model.name)
   micro_batch = steps.micro_batch_size(
     config.micro_batch_size,
@@ -641,6 +640,7 @@ class Progress:
     self.schedule = jax.jit(schedule).lower(np.int32(0)).compile()
     self.start_step, self.num_steps = start_step, num_steps
     self.checkpoints = checkpoints  # named when training stops on NaN
+    self.seeds = steps.seeds_of(config)
     self.single_process = jax.process_count() == 1
     self.is_main = jax.process_index() == 0
     self.warned_long = False
@@ -675,15 +675,14 @@ class Progress:
       "elapsed_sec": clock.since_launch(),  # this launch, wall clock
       "eta_sec": (self.num_steps - step) * training / len(fetched),  # training only
     }
-    if self.config.seeds > 1:
-      record.update(metrics_lib.per_seed(values, steps.seeds_of(self.config)))
+    several = len(self.seeds) > 1
+    if several:
+      record.update(metrics_lib.per_seed(values, self.seeds))
     finite = np.all([np.isfinite(values[k]) for k in ("loss", "grad_norm", "param_norm")], 0)
     if not finite.all():
-      seeds = steps.seeds_of(self.config)
-      which = [
-        s for s, ok in zip(seeds, np.broadcast_to(finite, len(seeds)), strict=True) if not ok
-      ]
-      where = f" in seed {', '.join(map(str, which))}" if len(seeds) > 1 else ""
+      ok = np.broadcast_to(finite, len(self.seeds))
+      which = [s for s, fine in zip(self.seeds, ok, strict=True) if not fine]
+      where = f" in seed {', '.join(map(str, which))}" if several else ""
       raise UserError(
         f"loss, gradients or parameters became NaN/inf by step {step}{where} (loss "
         f"{record['loss']}); {self.checkpoints.kept()}; lower learning_rate or set grad_clip_norm"
