@@ -16,11 +16,10 @@ def training_defaults() -> ml_collections.ConfigDict:
   # Seeds trained at once, in one program: seed, seed + 1, ..., each as its single run would
   # train, their results reported one by one and as mean ± std (docs/seeds.md)
   c.seeds = 1
-  # How a step runs its seeds: "vmap", side by side as one batched computation (fills a GPU
-  # that one seed leaves idle); "unroll", each seed's step traced apart in the one program (the
-  # single step's kernels: a CPU's cost per seed, a compile that grows with the seeds);
-  # "auto": unroll on CPU, vmap elsewhere
-  c.seeds_mode = "auto"
+  # How a step runs its seeds: "unroll", each seed's step traced apart in the one program (the
+  # single step's kernels; a compile that grows with the seeds); "vmap", one batched
+  # computation (batched convolutions, slower on the CPU and the GPU measured: BENCHMARKS.md)
+  c.seeds_mode = "unroll"
 
   # Data.
   c.dataset = "cifar10"  # registered (research/data), or "folder", "imagenet2012", "imagenette"

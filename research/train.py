@@ -104,8 +104,7 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
     frozen=optim.frozen_mask(config, one.params, checked.groups),
   )
   if several:
-    mode = config.seeds_mode
-    vectorized = mode == "vmap" or (mode == "auto" and jax.default_backend() != "cpu")
+    vectorized = config.seeds_mode == "vmap"
     train_step = steps.seeded(
       train_step,
       seeds,

@@ -214,7 +214,7 @@ def train_config(config: ml_collections.ConfigDict, n_devices: int) -> Checked:
       )
     )
   _choice("loss_reduction", config.loss_reduction, ("mean", "sum"))
-  _choice("seeds_mode", config.seeds_mode, ("auto", "vmap", "unroll"))
+  _choice("seeds_mode", config.seeds_mode, ("unroll", "vmap"))
   groups = _param_groups(config)
   per_device_batch = batch_sizes(config, n_devices)
   if augment.mixes and per_device_batch % 2:

@@ -15,9 +15,9 @@ from research.train import train_and_evaluate
 from tests.test_resilience import _events
 
 SEEDS = (1, 2)  # config.seed = 1, config.seeds = 2
-# A seed's run differs from its single run by float rounding at most. Traced apart (the CPU's
-# auto), each seed's step is the single step: measured bit for bit. Batched (vmap), the seeds'
-# convolutions run as one computation with other kernels and other rounding. Step 1 starts
+# A seed's run differs from its single run by float rounding at most. Traced apart (unroll,
+# the default), each seed's step is the single step: measured bit for bit. Batched (vmap), the
+# seeds' convolutions run as one computation with other kernels and other rounding. Step 1 starts
 # from the same parameters on the same examples: its loss, a mean of 64 float32 terms,
 # agrees to rounding (1e-5 bounds it; measured 8e-8). After it the difference grows as
 # rounding does in training, faster where it flips a max-pool's choice within a window or a
@@ -58,11 +58,11 @@ def single_runs(tmp_path_factory):
   return runs_of
 
 
-# The models with BatchNorm and with dropout, their seeds as the CPU runs them (auto: each
-# seed's step traced apart) and, for VGG, batched as a GPU runs them (vmap).
+# The models with BatchNorm and with dropout, their seeds as runs have them by default (each
+# seed's step traced apart) and, for VGG, batched (vmap).
 @pytest.fixture(
   scope="module",
-  params=[("cifar_vgg", "auto"), ("cifar_keras_cnn", "auto"), ("cifar_vgg", "vmap")],
+  params=[("cifar_vgg", "unroll"), ("cifar_keras_cnn", "unroll"), ("cifar_vgg", "vmap")],
   ids=lambda p: "-".join(p),
 )
 def runs(request, tmp_path_factory, single_runs):

@@ -94,17 +94,17 @@ def plan(scale: str, cores: int) -> list[Measurement]:
       m.append(Measurement("peer", f"cifar_speedrun-{peer}", label, speedrun, bf16, 3, peer=peer))
     m += _dtypes("main", "cifar_vgg", "VGG-16 (200 epochs)", vgg)
     m += _seeds("cifar_speedrun-bfloat16", "Speedrun (8 epochs)", speedrun, 10, "bfloat16")
-    for seeds in (4, 8):  # the seeds 0 to N - 1 in one program (docs/seeds.md)
-      label = f"Speedrun (8 epochs), {seeds} seeds in one program"
-      m.append(
-        Measurement(
-          "main",
-          f"cifar_speedrun-bfloat16-seeds{seeds}",
-          label,
-          speedrun,
-          bf16 + (("seeds", seeds),),
+    for seeds in (4, 8):  # the seeds 0 to N - 1 in one program (docs/seeds.md), each mode
+      for mode, how in (("unroll", ""), ("vmap", ", batched (vmap)")):
+        m.append(
+          Measurement(
+            "main",
+            f"cifar_speedrun-bfloat16-seeds{seeds}" + ("-vmap" if mode == "vmap" else ""),
+            f"Speedrun (8 epochs), {seeds} seeds in one program{how}",
+            speedrun,
+            bf16 + (("seeds", seeds),) + ((("seeds_mode", mode),) if mode == "vmap" else ()),
+          )
         )
-      )
   elif scale == "cpu":
     m += _dtypes("throughput", "cifar_keras_cnn", "Keras CNN", keras, steps=10)
     m += _dtypes("throughput", "cifar_vgg", "VGG-16", vgg, steps=4)
