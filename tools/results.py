@@ -288,9 +288,10 @@ def plot(records: list[dict], path: Path = PLOT) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  fig, ax = plt.subplots(figsize=(7, 4))
   runs = [r for r in records if r["part"] == "main"]
-  for color, group in enumerate(_by_recipe(runs, lambda r: r["machine"])):
+  groups = _by_recipe(runs, lambda r: r["machine"])
+  fig, ax = plt.subplots(figsize=(7, 4 + 0.16 * len(groups)))  # the legend below the axes
+  for color, group in enumerate(groups):
     for i, r in enumerate(group):  # the seeds of one recipe: one colour, one legend entry
       minutes = [t / 60 for t, _, _ in r["curve"]]
       label = f"{_recipe_label(group)}, {hardware(r)}" if i == 0 else None
@@ -302,13 +303,13 @@ def plot(records: list[dict], path: Path = PLOT) -> None:
     plain = matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:g}")
     ax.xaxis.set_major_formatter(plain)
 
-    def sparse(value, _):  # minor ticks labelled at 2, 3 and 5 × 10^k: 9 would crowd the 10
+    def sparse(value, _):  # minor ticks labelled at 2 and 5 × 10^k: more would crowd
       text = f"{value:g}"
-      return text if text.lstrip("0.")[:1] in ("2", "3", "5") else ""
+      return text if text.lstrip("0.")[:1] in ("2", "5") else ""
 
     ax.xaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(sparse))
     ax.tick_params(axis="x", which="minor", labelsize=7)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.14), frameon=False)
   else:
     ax.text(0.5, 0.5, "no run measured yet", ha="center", transform=ax.transAxes)
   ax.grid(alpha=0.3)
