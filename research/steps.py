@@ -365,7 +365,8 @@ def create_train_state(rng, config, model, image_shape, tx, seeds=None) -> Train
 # `conv_general_dilated`); each form has the same values and gradients to float rounding
 # (tests/test_train_step.py) and is kept only while it gains at least 5% in a shipped default
 # step (docs/cpu_step.md says why each is faster; BENCHMARKS.md, what each gains). Elsewhere
-# (cuDNN on GPU) nothing changes.
+# (cuDNN on GPU) nothing changes unless `with_forms(*forms)` switches forms on, as the
+# benchmark does to measure them there.
 #
 # - kernel_gradient: the kernel's gradient is one matrix product, the kh × kw shifted views
 #   of the padded input stacked channels-first times the output gradient, where XLA:CPU runs a
@@ -375,7 +376,8 @@ def create_train_state(rng, config, model, image_shape, tx, seeds=None) -> Train
 # - max_pool_gradient: the gradient of a non-overlapping max-pool is a select per window,
 #   where XLA:CPU scatters through index arrays.
 #
-# `without_cpu_forms(*forms)` traces models with XLA's own ops instead (the benchmarks' baseline).
+# `without_cpu_forms(*forms)` traces models with XLA's own ops instead (the benchmarks' baseline);
+# `with_forms(*forms)` traces them with these forms on any backend.
 NHWC = ("NHWC", "HWIO", "NHWC")
 
 
@@ -485,11 +487,13 @@ def conv_general_dilated(
 
 CPU_FORMS = ("kernel_gradient", "small_input", "max_pool_gradient")
 _off: set = set()  # forms switched off by `without_cpu_forms`
+_on: set = set()  # forms switched on off CPU by `with_forms`
 
 
 def _uses(form: str) -> bool:
-  """Whether layers traced now use their CPU `form`: on CPU, unless `without_cpu_forms` is on."""
-  return jax.default_backend() == "cpu" and form not in _off
+  """Whether layers traced now use `form`: on CPU unless `without_cpu_forms` switched it off;
+  elsewhere if `with_forms` switched it on."""
+  return form not in _off and (jax.default_backend() == "cpu" or form in _on)
 
 
 def _conv_in_cpu_form(next_fun, args, kwargs, context):
@@ -508,7 +512,7 @@ def _conv_in_cpu_form(next_fun, args, kwargs, context):
 
 def cpu_forms_applied():
   """A context in which models trace with the CPU forms: on CPU, unless `without_cpu_forms` switched
-  them all off; elsewhere a context that changes nothing."""
+  them all off; elsewhere those `with_forms` switched on (by default none: nothing changes)."""
   if any(_uses(form) for form in ("kernel_gradient", "small_input")):
     return nn.intercept_methods(_conv_in_cpu_form)
   return contextlib.nullcontext()
@@ -523,6 +527,17 @@ def without_cpu_forms(*forms: str):
     yield
   finally:
     _off.clear()
+
+
+@contextlib.contextmanager
+def with_forms(*forms: str):
+  """Models traced inside use these forms on any backend (on CPU they are on already): how the
+  benchmark measures a form against XLA's own ops on a GPU."""
+  _on.update(forms)
+  try:
+    yield
+  finally:
+    _on.clear()
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))

@@ -286,6 +286,25 @@ def test_the_cpu_max_pool_has_xla_s_value_and_gradient_ties_included(size):
   np.testing.assert_array_equal(ours_grad, grad)
 
 
+def test_off_cpu_a_form_is_used_only_where_switched_on(monkeypatch):
+  """On another backend the max-pool's gradient is XLA's (a select-and-scatter) unless
+  `with_forms` switches the form on, as the benchmark does to measure it there; on, it is the
+  select per window, with XLA's values."""
+  images = jax.random.randint(jax.random.key(0), (2, 8, 8, 4), 0, 3).astype(jnp.float32)
+  loss = lambda x: jnp.sum(jnp.sin(steps.max_pool(x, 2)))
+  xla_grad = jax.grad(lambda x: jnp.sum(jnp.sin(flax.linen.max_pool(x, (2, 2), (2, 2)))))
+  monkeypatch.setattr(steps.jax, "default_backend", lambda: "gpu")  # what steps.py reads
+
+  def gradient(*forms):
+    with steps.with_forms(*forms):
+      return str(jax.make_jaxpr(jax.grad(loss))(images)), jax.grad(loss)(images)
+
+  (plain, _), (switched, grad) = gradient(), gradient("max_pool_gradient")
+  assert "select_and_scatter" in plain and "select_and_scatter" not in switched
+  np.testing.assert_array_equal(grad, xla_grad(images))
+  assert gradient()[0] == plain  # the switch ends with its context
+
+
 @pytest.mark.parametrize(
   "configured, per_device, batch_norm, backend, expected",
   [

@@ -18,10 +18,11 @@
                         the auto micro-batch) ÷ the same step with XLA's convolutions on the
                         whole batch (what a plain jitted flax step does), in this process's
                         devices (1 on a CPU host unless XLA_FLAGS says otherwise).
-  forms                 (on a CPU host) each CPU form of research/steps.py, and the
-                        host-memory settings, on and off in the shipped default steps (Keras
-                        CNN, VGG-16, Inception-v3 :smoke): compiled in one process, timed in
-                        alternating rounds (the malloc settings in alternating processes).
+  forms                 each CPU form of research/steps.py on and off in the shipped default
+                        steps (Keras CNN, VGG-16, Inception-v3 :smoke; --configs): on a CPU
+                        each switched off against all on, elsewhere each switched on against
+                        XLA's own ops; and the host-memory settings. Compiled in one process,
+                        timed in alternating rounds (malloc in alternating processes).
   seeds                 a config's bare step with --seeds=N (default 1,4) in one program,
                         batched (vmap) and traced apart (unroll): seconds per
                         seed-step ÷ those of one seed's step, timed in alternating rounds
@@ -195,28 +196,32 @@ FORM_CONFIGS = (
 
 
 def form_variants() -> dict:
-  """{name: the CPU forms switched off}: all on, each off alone, all off (XLA's own ops)."""
-  return {
-    "all": (),
-    **{f"no {form}": (form,) for form in steps_lib.CPU_FORMS},
-    "none": steps_lib.CPU_FORMS,
-  }
+  """{name: (the forms switched off, the forms switched on)}, the backend's default first. On
+  CPU, where the forms are on: all, each off alone, none (XLA's own ops). Elsewhere, where
+  XLA's own ops run: none, each on alone, all."""
+  forms = steps_lib.CPU_FORMS
+  if jax.default_backend() == "cpu":
+    return {"all": ((), ()), **{f"no {f}": ((f,), ()) for f in forms}, "none": (forms, ())}
+  return {"none": ((), ()), **{f"only {f}": ((), (f,)) for f in forms}, "all": ((), forms)}
 
 
 def form_gains(path: str, variants: list[str], rounds: int, seconds: float = 6.0) -> dict:
   """Examples/s of the config's default step for each variant of form_variants(), all
   compiled in this process first, then timed in `rounds` alternating rounds (the order
-  reversed every other round); a variant compiled to the same program as "all" (its form
-  does not occur in this model) is not timed. Ratios are taken within a round."""
+  reversed every other round); a variant compiled to the same program as the backend's
+  default (its form does not occur in this model) is not timed. The gain of a variant: the
+  step with its form(s) ÷ without them (on CPU the default ÷ the variant, elsewhere the
+  variant ÷ the default), taken within each round."""
+  default = next(iter(form_variants()))
   compiled, programs = {}, {}
   for name in variants:
-    off = form_variants()[name]
-    with steps_lib.without_cpu_forms(*off) if off else _nothing():
+    off, on = form_variants()[name]
+    with steps_lib.without_cpu_forms(*off) if off else _nothing(), steps_lib.with_forms(*on):
       training, p_step = _bare(_config(path, False))
       rstate, batches = replicate(training.state), training.inputs.batches(0)
       p_step = p_step.lower(rstate, next(batches)).compile()  # traced with these forms
     programs[name] = p_step.as_text()
-    if name != "all" and programs[name] == programs.get("all"):
+    if name != default and programs[name] == programs.get(default):
       continue
     per_step, rstate = time_steps(p_step, rstate, batches, 1, warmup=3)  # the heap grows
     compiled[name] = [p_step, rstate, batches, max(1, round(seconds / per_step))]
@@ -228,13 +233,16 @@ def form_gains(path: str, variants: list[str], rounds: int, seconds: float = 6.0
       timed, compiled[name][1] = time_steps(p_step, rstate, batches, steps, warmup=1)
       speeds[name].append(steps * batch / timed)
   result = {"examples_per_sec": {name: statistics.median(v) for name, v in speeds.items()}}
-  if "all" in speeds:  # what each form gains: all ÷ without it, round by round
+  if default in speeds:  # what each variant's forms gain, round by round
+    on_cpu = default == "all"
     result["gain"] = {
-      name: statistics.median(a / b for a, b in zip(speeds["all"], v, strict=True))
+      name: statistics.median(
+        (d / x if on_cpu else x / d) for d, x in zip(speeds[default], v, strict=True)
+      )
       for name, v in speeds.items()
-      if name != "all"
+      if name != default
     }
-  result["same_program_as_all"] = [n for n in variants if n not in compiled]
+  result["same_program_as_default"] = [n for n in variants if n not in compiled]
   result["rounds"] = speeds
   return result
 
@@ -501,11 +509,14 @@ def _print(results: dict) -> None:
           f" {r['per_seed_step_vs_one']:6.2f}"
         )
   if "forms" in results:
-    print(f"CPU forms: all ÷ without each (median of per-round ratios; malloc {results['malloc']})")
+    print(
+      "forms: the step with each variant's forms ÷ without them (median of per-round ratios; "
+      f"malloc {results['malloc']})"
+    )
     for path, r in results["forms"].items():
       speeds = ", ".join(f"{n} {v:.1f}" for n, v in r["examples_per_sec"].items())
       gains = ", ".join(f"{n} {v:.3f}" for n, v in r.get("gain", {}).items())
-      same = ", ".join(r["same_program_as_all"]) or "-"
+      same = ", ".join(r["same_program_as_default"]) or "-"
       print(f"  {path}\n    ex/s: {speeds}\n    gain: {gains}\n    not in this model: {same}")
 
 
