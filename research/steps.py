@@ -52,17 +52,26 @@ def seeds_of(config) -> tuple:
   return tuple(range(config.seed, config.seed + config.get("seeds", 1)))
 
 
-def seeded(train_step, seeds, batch_axes, *, gather, augment, vectorized: bool = True):
+def seed_part(batch, batch_axes, index: int, axis: int = 0):
+  """Seed `index`'s part of `batch`: the parts whose `batch_axes` (as `seeded` takes them) is 0
+  indexed at `axis` (0 inside the pmap, 1 for a pmapped batch [devices, seeds, ...]); the
+  parts with None (the data, shared by the seeds) as they are."""
+  at = (slice(None),) * axis + (index,)
+  part = lambda seed_axis, x: jax.tree.map(lambda a: a[at], x) if seed_axis == 0 else x
+  return jax.tree.map(part, batch_axes, batch, is_leaf=lambda a: a is None)
+
+
+def seeded(train_step, seeds, batch_axes, *, gather, augment, vectorized: bool = False):
   """`train_step` for `len(seeds)` runs at once (`config.seeds`): the state has a leading seed
   axis, and so has each part of the batch whose `batch_axes` (a vmap in_axes prefix of the
   batch) is 0 (the data order); the parts with None (the data itself) are shared. Each seed's
   step draws from its own keys, the step's and its examples' own, as its single run would.
 
-  `vectorized`: the seeds' steps are one batched computation (`jax.vmap`: a GPU that one seed
-  leaves idle runs them side by side; collectives batch over the seeds, each averaged apart);
-  else each seed's step is traced apart, one after another in the program, as the step's
-  micro-batches are (the single step's kernels, which XLA:CPU runs side by side on its
-  cores; the compile grows with the seeds). BENCHMARKS.md measures both on CPU."""
+  `vectorized`: the seeds' steps are one batched computation (`jax.vmap`; collectives batch
+  over the seeds, each averaged apart); else (`seeds_mode="unroll"`, the default) each seed's
+  step is traced apart in the program, as the step's micro-batches are: the single step's
+  kernels, which XLA may run side by side; the compile grows with the seeds. BENCHMARKS.md
+  measures both, on a CPU and a GPU."""
   seeds = np.asarray(seeds, np.int32)
 
   def one(state, batch, seed):
@@ -77,17 +86,10 @@ def seeded(train_step, seeds, batch_axes, *, gather, augment, vectorized: bool =
   def step(state, batch):
     if vectorized:
       return jax.vmap(one, in_axes=(0, batch_axes, 0))(state, batch, seeds)
-    is_axis = lambda axis: axis is None
-    mine = jax.tree.map(
-      lambda axis, x: x if axis == 0 else None, batch_axes, batch, is_leaf=is_axis
-    )
-    take = lambda axis, shared, own: own if axis == 0 else shared
-    outs = []
-    for i, seed in enumerate(seeds):
-      part = jax.tree.map(lambda x, i=i: x[i], (state, mine))
-      outs.append(
-        one(part[0], jax.tree.map(take, batch_axes, batch, part[1], is_leaf=is_axis), seed)
-      )
+    outs = [
+      one(jax.tree.map(lambda x, i=i: x[i], state), seed_part(batch, batch_axes, i), seed)
+      for i, seed in enumerate(seeds)
+    ]
     return jax.tree.map(lambda *xs: jnp.stack(xs), *outs)
 
   return step

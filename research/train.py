@@ -269,15 +269,6 @@ def _data_identity(inputs: Inputs) -> dict:
   return data
 
 
-def one_seed(batch, seed_axes, index: int = 0):
-  """The part of a pmapped batch that seed `index` trains on (`seed_axes`: Inputs.seed_axes;
-  None: the batch of a one-seed run, as it is)."""
-  if seed_axes is None:
-    return batch
-  part = lambda axis, x: jax.tree.map(lambda a: a[:, index], x) if axis == 0 else x
-  return jax.tree.map(part, seed_axes, batch, is_leaf=lambda a: a is None)
-
-
 def augmented_preview(gather, augment, step: int, batch) -> np.ndarray:
   """The first 32 examples of step `step`'s global batch (fewer if this process holds fewer),
   augmented as the step sees them: [32, h, w, C] (for TensorBoard and
@@ -327,9 +318,12 @@ def train_and_evaluate(
   log = MetricsLog(workdir, dataset_used=inputs.name, enabled=is_main, echo=echo)
   if is_main:
     _announce(workdir, config, training, state, echo, warm)
-  preview = augmented_preview(
-    inputs.gather, training.augment, start_step, one_seed(first_batch, inputs.seed_axes)
-  )
+  seed_0 = (
+    first_batch
+    if inputs.seed_axes is None
+    else steps.seed_part(first_batch, inputs.seed_axes, 0, axis=1)
+  )  # the first seed's batch: the preview is of what it trains on
+  preview = augmented_preview(inputs.gather, training.augment, start_step, seed_0)
   log.images("augmented_batch", preview, start_step)
   wait_for_all(f"compiled-{start_step}")  # the step's first collectives start together
   batches = itertools.chain([first_batch], stream)
