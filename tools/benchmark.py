@@ -158,9 +158,8 @@ def seeds_cost(path: str, small: bool, counts, rounds: int, seconds=6.0, **overr
   `rounds` alternating rounds; per seed-step ÷ one seed's step. `overrides`: config fields."""
   runs = {}
   for count in counts:
-    for vectorized in (True, False) if count > 1 else (True,):
-      name = f"{count} {'vmap' if vectorized else 'unroll'}" if count > 1 else str(count)
-      mode = "vmap" if vectorized else "unroll"
+    for mode in ("vmap", "unroll") if count > 1 else ("unroll",):
+      name = f"{count} {mode}" if count > 1 else str(count)
       config = _config(path, small, seeds=count, seeds_mode=mode, **overrides)
       training, p_step = _bare(config)
       rstate, batches = replicate(training.state), training.inputs.batches(0)
