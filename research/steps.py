@@ -86,10 +86,8 @@ def seeded(train_step, seeds, batch_axes, *, gather, augment, vectorized: bool =
   def step(state, batch):
     if vectorized:
       return jax.vmap(one, in_axes=(0, batch_axes, 0))(state, batch, seeds)
-    outs = [
-      one(jax.tree.map(lambda x, i=i: x[i], state), seed_part(batch, batch_axes, i), seed)
-      for i, seed in enumerate(seeds)
-    ]
+    states = unstack(state, len(seeds))
+    outs = [one(states[i], seed_part(batch, batch_axes, i), seed) for i, seed in enumerate(seeds)]
     return jax.tree.map(lambda *xs: jnp.stack(xs), *outs)
 
   return step
