@@ -90,7 +90,7 @@ def _params(workdir, config, step: int):
 
 
 def _start_one(workdir, *overrides):
-  """One process of 8 CPU devices, as the pair is run (`_env`); its output, once it is done."""
+  """One process of 8 CPU devices with the suite's flags, as the pair has them; its output."""
   command = [sys.executable, "-m", "research.main", "--config", SMOKE, f"--workdir={workdir}"]
   result = subprocess.run(
     [*command, *overrides],
