@@ -216,7 +216,7 @@ def _saved(workdir) -> list[int]:
   return [int(p.name) for p in workdir.glob("checkpoints/*") if p.name.isdigit()]
 
 
-LOST_AFTER = 10  # lost_process_after_sec in the test below
+LOST_AFTER = 5  # lost_process_after_sec in the test below
 # What the survivor may take beyond LOST_AFTER on a loaded 2-core machine: the watch asks the
 # store every second and judges every half second; the rest is the exit itself.
 LOST_SLACK = 20
