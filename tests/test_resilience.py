@@ -267,10 +267,10 @@ def _smoke_config(**overrides):
   return config
 
 
-def test_unreadable_latest_checkpoint_falls_back_to_the_previous(tmp_path):
-  config = _smoke_config(num_train_steps=8, checkpoint_every_steps=4)
-  train_and_evaluate(config, str(tmp_path))
-  for f in (tmp_path / "checkpoints" / "8").rglob("*"):
+def test_unreadable_latest_checkpoint_falls_back_to_the_previous(uninterrupted_workdir, tmp_path):
+  shutil.copytree(uninterrupted_workdir, tmp_path, dirs_exist_ok=True)  # checkpoints 10, 12, 14
+  config = _smoke_config(num_train_steps=14, checkpoint_every_steps=2)
+  for f in (tmp_path / "checkpoints" / "14").rglob("*"):
     if f.is_file():
       f.write_bytes(b"garbage")
   messages = []
@@ -278,20 +278,22 @@ def test_unreadable_latest_checkpoint_falls_back_to_the_previous(tmp_path):
   template = _template_state(config)
   restored = ckpts.restore_latest(template)
   ckpts.close()
-  assert int(restored.step) == 4
-  assert "checkpoint at step 8 is unreadable" in messages[0]
-  assert (tmp_path / "checkpoints_unreadable" / "8").is_dir()  # moved aside, not deleted
+  assert int(restored.step) == 12
+  assert "checkpoint at step 14 is unreadable" in messages[0]
+  assert (tmp_path / "checkpoints_unreadable" / "14").is_dir()  # moved aside, not deleted
 
 
-def test_a_checkpoint_that_does_not_fit_the_config_is_an_error_and_nothing_moves(tmp_path):
-  train_and_evaluate(_smoke_config(num_train_steps=2), str(tmp_path))
+def test_a_checkpoint_that_does_not_fit_the_config_is_an_error_and_nothing_moves(
+  uninterrupted_workdir, tmp_path
+):
+  shutil.copytree(uninterrupted_workdir, tmp_path, dirs_exist_ok=True)  # the last at step 14
   files = sorted(p for p in tmp_path.rglob("*") if p.is_file())
   changes = {
     "optimizer state": lambda c: c.update(grad_clip_norm=1.0),
     "parameter shapes": lambda c: c.model.update(width=0.25),
   }
   for what, change in changes.items():
-    config = _smoke_config(num_train_steps=4)
+    config = _smoke_config(num_train_steps=16)
     change(config)
     with pytest.raises(UserError, match="does not fit this config: .*new --workdir") as e:
       train_and_evaluate(config, str(tmp_path))
@@ -354,9 +356,8 @@ def _events(workdir):
       offset += 12 + length + 4
 
 
-def test_tensorboard_has_scalars_and_the_augmented_batch_image(tmp_path):
-  train_and_evaluate(_smoke_config(num_train_steps=8, log_every_steps=4), str(tmp_path))
-  tags = {v.tag: v for e in _events(tmp_path) for v in e.summary.value}
+def test_tensorboard_has_scalars_and_the_augmented_batch_image(uninterrupted_workdir):
+  tags = {v.tag: v for e in _events(uninterrupted_workdir) for v in e.summary.value}
   for tag in (
     "train/loss",
     "train/learning_rate",
@@ -367,7 +368,7 @@ def test_tensorboard_has_scalars_and_the_augmented_batch_image(tmp_path):
     assert tag in tags, sorted(tags)
   image = tags["augmented_batch"].image
   assert image.width > 32 and image.height > 32 and image.encoded_image_string[:4] == b"\x89PNG"
-  assert (tmp_path / "augmented_batch.png").stat().st_size > 1000
+  assert (uninterrupted_workdir / "augmented_batch.png").stat().st_size > 1000
 
 
 def test_the_newest_checkpoint_kept_is_named_or_none_is(tmp_path):
