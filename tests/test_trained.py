@@ -2,7 +2,6 @@
 
 import csv
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -12,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from research import configuration, trained
+from research import configuration, environment, trained
 from research.errors import EXIT_USER_ERROR, UserError
 from research.train import train_and_evaluate
 
@@ -45,7 +44,7 @@ def test_eval_reproduces_the_final_eval_and_leaves_the_training_s_files_alone(ru
 
 def test_eval_on_one_device_of_a_run_trained_on_8_counts_the_same(run):
   workdir, final = run
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+  env = environment.for_devices(1, "cpu")  # the suite's XLA flags, one device
   result = subprocess.run(
     [sys.executable, "-m", "research.trained", "eval", str(workdir), "--config.eval_batch_size=20"],
     cwd=ROOT,
@@ -247,7 +246,7 @@ def test_a_workdir_keeps_what_each_launch_used_and_a_rerun_on_other_data_does_no
 
 def test_predict_and_a_fine_tune_run_on_one_device_as_on_8(run, tmp_path):
   workdir, _ = run
-  one = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+  one = environment.for_devices(1, "cpu")  # the suite's XLA flags, one device
   test = workdir.parent / "data" / "test"
   output = tmp_path / "one.csv"
   command = [sys.executable, "-m", "research.trained", "predict", str(workdir), str(test)]
