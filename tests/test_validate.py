@@ -232,7 +232,8 @@ def test_evals_and_checkpoints_in_epochs_keep_their_schedule_when_the_batch_size
   assert [r["step"] for r in records if "eval_accuracy" in r] == [8, 16, 24]
   assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()) == [16, 24]
   config.batch_size = 64  # 16 steps an epoch: the same epochs are other steps
-  assert (setup(config).eval_every, setup(config).checkpoint_every) == (16, 32)
+  training = setup(config)
+  assert (training.eval_every, training.checkpoint_every) == (16, 32)
   config.update(eval_every_steps=5, checkpoint_every_epochs=0.0)  # steps win, as for length
   training = setup(config)
   assert (training.eval_every, training.checkpoint_every) == (5, 0)
