@@ -103,16 +103,19 @@ def _burn_cpu(seconds):
     pass
 
 
+SHORT = dict(num_train_steps=8, log_every_steps=2)  # the input wait of steps 3-4, 5-6 and 7-8
+
+
 def test_slow_input_makes_input_wait_high_and_fast_input_keeps_it_low(
   tmp_path, monkeypatch, mock_imagenet_config
 ):
   with tfds.testing.mock_data(num_examples=40):
-    train_and_evaluate(mock_imagenet_config(), str(tmp_path / "fast"))
+    train_and_evaluate(mock_imagenet_config(**SHORT), str(tmp_path / "fast"))
     decode = streaming.TfdsImages.__getitem__
     monkeypatch.setattr(
       streaming.TfdsImages, "__getitem__", lambda self, i: (_burn_cpu(0.03), decode(self, i))[1]
     )
-    train_and_evaluate(mock_imagenet_config(), str(tmp_path / "slow"))
+    train_and_evaluate(mock_imagenet_config(**SHORT), str(tmp_path / "slow"))
   fast, slow = _waits(tmp_path / "fast"), _waits(tmp_path / "slow")
   assert max(slow) > 0.5, slow  # 16 images × 30 ms of decoding per step dominate
   assert min(slow) > max(fast), (slow, fast)
