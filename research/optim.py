@@ -36,19 +36,23 @@ register = OPTIMIZERS.register
 
 
 def learning_rate_schedule(
-  config: ml_collections.ConfigDict, steps_per_epoch: int, num_steps: int, peak: float = 0.0
+  config: ml_collections.ConfigDict, steps_per_epoch: int, num_steps, peak: float = 0.0
 ) -> optax.Schedule:
   """Peak lr (`peak`, else the config's, scaled to the global batch), with warmup and the
-  config's decay over `num_steps`."""
+  config's decay over `num_steps`: an int, or a traced int32 scalar, so that one compiled
+  step serves runs of any length (the step takes the run's step count as an argument)."""
   if not peak:
     peak = config.learning_rate
     if config.lr_batch_size:
       peak *= config.batch_size / config.lr_batch_size  # linear scaling rule
   warmup = int(config.warmup_epochs * steps_per_epoch)
-  if config.schedule == "cosine":
-    decay = optax.cosine_decay_schedule(peak, max(1, num_steps - warmup))
-  elif config.schedule == "linear":  # to zero at the last step
-    decay = optax.linear_schedule(peak, 0.0, max(1, num_steps - warmup))
+  decay_steps = jnp.maximum(1, num_steps - warmup)
+  if config.schedule == "cosine":  # optax.cosine_decay_schedule's, for a traced decay_steps
+    decay = lambda step: (
+      peak * (0.5 * (1 + jnp.cos(jnp.pi * jnp.minimum(step, decay_steps) / decay_steps)))
+    )
+  elif config.schedule == "linear":  # to zero at the last step (optax.linear_schedule's)
+    decay = lambda step: peak * (1 - jnp.clip(step, 0, decay_steps) / decay_steps)
   elif config.schedule == "constant":
     decay = optax.constant_schedule(peak)
   elif config.schedule == "inverse_time":
@@ -234,11 +238,12 @@ def _leaves(params):
 def create_optimizer(
   config: ml_collections.ConfigDict,
   steps_per_epoch: int,
-  num_steps: int,
+  num_steps,
   schedule=None,
   groups=None,
 ) -> optax.GradientTransformation:
-  """The config's optimizer; `schedule` and `groups` (group_fields) where already built."""
+  """The config's optimizer, its schedules over `num_steps` (an int, or traced: see
+  learning_rate_schedule); `schedule` and `groups` (group_fields) where already built."""
   schedule = schedule or learning_rate_schedule(config, steps_per_epoch, num_steps)
   groups = group_fields(config) if groups is None else groups
   chain = []
@@ -249,7 +254,7 @@ def create_optimizer(
     return optax.chain(*chain, *default)
   transforms = {DEFAULT: optax.chain(*default)}
   for name, fields in groups.items():
-    steps = max(1, round(fields.train_fraction * num_steps))
+    steps = jnp.maximum(1, jnp.round(fields.train_fraction * num_steps).astype(jnp.int32))
     group_schedule = learning_rate_schedule(config, steps_per_epoch, steps, fields.learning_rate)
     if fields.train_fraction < 1:  # 0 once its share of training is over
       group_schedule = _until(group_schedule, steps)

@@ -74,16 +74,17 @@ def seeded(train_step, seeds, batch_axes, *, gather, augment, vectorized: bool =
   measures both, on a CPU and a GPU."""
   seeds = np.asarray(seeds, np.int32)
 
-  def one(state, batch, seed):
-    step_key = run_keys(seed)[2]
-    return train_step(
-      state,
-      batch,
-      gather=functools.partial(gather, step_key=step_key),
-      augment=functools.partial(augment, seed=seed),
-    )
+  def step(state, batch, horizon=None):
+    def one(state, batch, seed):
+      step_key = run_keys(seed)[2]
+      return train_step(
+        state,
+        batch,
+        horizon,
+        gather=functools.partial(gather, step_key=step_key),
+        augment=functools.partial(augment, seed=seed),
+      )
 
-  def step(state, batch):
     if vectorized:
       return jax.vmap(one, in_axes=(0, batch_axes, 0))(state, batch, seeds)
     states = unstack(state, len(seeds))
@@ -167,6 +168,7 @@ def _dropout(dropout: nn.Dropout, index, next_fun, inputs, deterministic=None, r
 def train_step(
   state,
   batch,
+  horizon=None,
   *,
   gather,
   augment,
@@ -175,11 +177,17 @@ def train_step(
   micro_batch=None,
   loss_scale=1.0,
   frozen=None,
+  optimizer=None,
 ):
   """One optimizer step on this device's part of the global batch.
 
   Args:
     batch: this device's batch; `gather(step, batch)` gives the step's `Examples`.
+    horizon: the run's step count, which the optimizer's schedules end at (int32), given to
+      `optimizer`: an argument of the compiled step, not a constant of it, so that runs of any
+      length (a resume with more steps, another num_epochs) share one compiled step.
+    optimizer: `horizon -> optax.GradientTransformation` (None: `state.tx`; a horizon of None:
+      the optimizer's own).
     loss: `(logits, targets, intermediates) -> [batch]` per-example losses (research/models).
     micro_batch: examples per forward/backward pass (`micro_batch_size`; None: all at once).
     loss_scale: the gradient is that of the mean loss over the global batch times this
@@ -225,7 +233,11 @@ def train_step(
   # reduced its statistics over AXIS, so batch_stats agree on every device without a pmean.
   grads = lax.pmean(grads, AXIS)
   metrics = lax.pmean({"loss": total / loss_scale, "accuracy": correct / per_device_batch}, AXIS)
-  new_state = state.apply_gradients(grads=grads, batch_stats=batch_stats)
+  # The update of `optimizer(horizon)`; the state keeps its own `tx` (static: what it returns
+  # must match what it was given).
+  tx = state.tx if optimizer is None else optimizer(horizon)
+  new_state = state.replace(tx=tx).apply_gradients(grads=grads, batch_stats=batch_stats)
+  new_state = new_state.replace(tx=state.tx)
   metrics["grad_norm"] = optax.tree.norm(grads)
   metrics["param_norm"] = optax.tree.norm(new_state.params)
   return new_state, metrics

@@ -48,7 +48,8 @@ class Training:
   # every leaf has a leading seed axis
   state: TrainState
   from_data: "FromData | None"  # state -> state with the parameters the model takes from data
-  # steps.train_step for ONE device, all but (state, batch) bound (several seeds: steps.seeded)
+  # steps.train_step for ONE device, all but (state, batch, horizon) bound (several seeds:
+  # steps.seeded); without a horizon its schedules end at num_steps, a constant of the program
   train_step: Callable
   augment: Callable  # the config's augmentation (research/augment.py build) -> float32 images
   schedule: Callable  # step -> learning rate
@@ -102,6 +103,13 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
     micro_batch=micro_batch,
     loss_scale=config.batch_size if config.loss_reduction == "sum" else 1.0,
     frozen=optim.frozen_mask(config, one.params, checked.groups),
+    optimizer=lambda horizon=None: optim.create_optimizer(
+      config,
+      inputs.steps_per_epoch,
+      num_steps if horizon is None else horizon,
+      None,
+      checked.groups,
+    ),
   )
   if several:
     vectorized = config.seeds_mode == "vmap"
@@ -437,33 +445,35 @@ def _compiled_step(training: Training, rstate, first_batch, times: dict, echo, i
   evals too. Their compile times go into `times`; `step_from_cache`: the step was loaded from
   JAX's persistent compilation cache (an earlier launch compiled it)."""
   start, hits = time.perf_counter(), _CACHE_HITS[0]
+  # The run's step count is an argument: a resume with more steps loads the same program.
+  horizon = replicate(np.int32(training.num_steps))
   p_train_step = jax.pmap(training.train_step, axis_name=AXIS, donate_argnums=(0,))
-  p_train_step = p_train_step.lower(rstate, first_batch).compile()
+  compiled = p_train_step.lower(rstate, first_batch, horizon).compile()
   times["compile_sec"] = time.perf_counter() - start
   times["step_from_cache"] = _CACHE_HITS[0] > hits
-  fit = seeds_that_fit(p_train_step, training.state, len(training.seeds))
-  compiled = f"compiled the train step in {times['compile_sec']:.1f} s"
+  fit = seeds_that_fit(compiled, training.state, len(training.seeds))
+  said = f"compiled the train step in {times['compile_sec']:.1f} s"
   if times["step_from_cache"]:
-    compiled = f"loaded the train step from the compilation cache in {times['compile_sec']:.1f} s"
+    said = f"loaded the train step from the compilation cache in {times['compile_sec']:.1f} s"
   inputs = training.inputs
   if inputs.compile_evals:
     periodic = 0 < training.eval_every < training.num_steps
     start = time.perf_counter()
     inputs.compile_evals(rstate, (True, False) if periodic else (True,))
     times["eval_compile_sec"] = time.perf_counter() - start
-    compiled += f", the eval in {times['eval_compile_sec']:.1f} s"
+    said += f", the eval in {times['eval_compile_sec']:.1f} s"
   if training.warm_up:
     start = time.perf_counter()
     copy = jax.tree.map(lambda x: x.copy(), rstate)  # the step donates (consumes) its state
-    jax.block_until_ready(p_train_step(copy, first_batch))
+    jax.block_until_ready(compiled(copy, first_batch, horizon))
     if inputs.compile_evals:
       inputs.evaluate(rstate, True)
-    compiled += f"; ran each once to warm up in {time.perf_counter() - start:.1f} s"
+    said += f"; ran each once to warm up in {time.perf_counter() - start:.1f} s"
   if is_main:
-    echo(compiled)
+    echo(said)
     if fit:
       echo(fit)
-  return p_train_step
+  return lambda state, batch: compiled(state, batch, horizon)
 
 
 def free_device_bytes() -> int:
