@@ -153,12 +153,16 @@ def test_smoke_trains_end_to_end_and_learns(path, tmp_path, monkeypatch):
 
 def test_a_second_launch_loads_its_step_from_the_compilation_cache(tmp_path, capsys):
   """JAX's persistent compilation cache (the suite's, as launch.sh sets one for users): the
-  same config's next run loads its step instead of compiling it, and says so."""
+  same config's next launch loads its step instead of compiling it, and says so, also when it
+  trains more steps (the step takes the run's step count as an argument)."""
   assert os.environ["JAX_COMPILATION_CACHE_DIR"]
   config = configuration.load("configs/cifar_vgg.py:smoke")
-  config.num_train_steps = 2
-  train_and_evaluate(config, str(tmp_path / "first"))
+  config.update(num_train_steps=2, seed=5)  # a seed no other test compiles this step with
+  train_and_evaluate(config, str(tmp_path))
   capsys.readouterr()
-  final = train_and_evaluate(config, str(tmp_path / "again"))
+  config.num_train_steps = 3  # the resume of a run made longer
+  final = train_and_evaluate(config, str(tmp_path))
+  output = capsys.readouterr().out
+  assert "resumed from the checkpoint at step 2" in output
   assert final["step_from_cache"] is True
-  assert "loaded the train step from the compilation cache in" in capsys.readouterr().out
+  assert "loaded the train step from the compilation cache in" in output
