@@ -61,7 +61,7 @@ def seed_part(batch, batch_axes, index: int, axis: int = 0):
   return jax.tree.map(part, batch_axes, batch, is_leaf=lambda a: a is None)
 
 
-def seeded(train_step, seeds, batch_axes, *, gather, augment, vectorized: bool = False):
+def seeded(train_step, seeds, batch_axes, *, vectorized: bool = False):
   """`train_step` for `len(seeds)` runs at once (`config.seeds`): the state has a leading seed
   axis, and so has each part of the batch whose `batch_axes` (a vmap in_axes prefix of the
   batch) is 0 (the data order); the parts with None (the data itself) are shared. Each seed's
@@ -76,14 +76,7 @@ def seeded(train_step, seeds, batch_axes, *, gather, augment, vectorized: bool =
 
   def step(state, batch, horizon=None):
     def one(state, batch, seed):
-      step_key = run_keys(seed)[2]
-      return train_step(
-        state,
-        batch,
-        horizon,
-        gather=functools.partial(gather, step_key=step_key),
-        augment=functools.partial(augment, seed=seed),
-      )
+      return train_step(state, batch, horizon, seed)
 
     if vectorized:
       return jax.vmap(one, in_axes=(0, batch_axes, 0))(state, batch, seeds)
@@ -169,6 +162,7 @@ def train_step(
   state,
   batch,
   horizon=None,
+  seed=None,
   *,
   gather,
   augment,
@@ -186,6 +180,9 @@ def train_step(
     horizon: the run's step count, which the optimizer's schedules end at (int32), given to
       `optimizer`: an argument of the compiled step, not a constant of it, so that runs of any
       length (a resume with more steps, another num_epochs) share one compiled step.
+    seed: the run's seed (an int, traced or not): the step draws its key and its examples'
+      keys from that run's (`gather`'s `step_key` and `augment`'s `seed` taken from it), so
+      that runs of any seed share one compiled step; None: the keys they were built with.
     optimizer: `horizon -> optax.GradientTransformation` (None: `state.tx`; a horizon of None:
       the optimizer's own).
     loss: `(logits, targets, intermediates) -> [batch]` per-example losses (research/models).
@@ -196,6 +193,9 @@ def train_step(
     frozen: True for each parameter no update changes (optim.frozen_mask; None: none); they
       are not differentiated, and their gradient is zero.
   """
+  if seed is not None:
+    gather = functools.partial(gather, step_key=run_keys(seed)[2])
+    augment = functools.partial(augment, seed=seed)
   ex = gather(state.step, batch)
   targets = jax.nn.one_hot(ex.labels, num_classes)  # [per_device_batch, classes]
   (images, targets), positions, dropout_rng = _augmented(ex, augment, targets=targets)

@@ -48,8 +48,9 @@ class Training:
   # every leaf has a leading seed axis
   state: TrainState
   from_data: "FromData | None"  # state -> state with the parameters the model takes from data
-  # steps.train_step for ONE device, all but (state, batch, horizon) bound (several seeds:
-  # steps.seeded); without a horizon its schedules end at num_steps, a constant of the program
+  # steps.train_step for ONE device, all but (state, batch, horizon, seed) bound (several
+  # seeds: steps.seeded, without a seed); without a horizon its schedules end at num_steps,
+  # without a seed its keys are the config's seed's: constants of the program
   train_step: Callable
   augment: Callable  # the config's augmentation (research/augment.py build) -> float32 images
   schedule: Callable  # step -> learning rate
@@ -113,14 +114,7 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
   )
   if several:
     vectorized = config.seeds_mode == "vmap"
-    train_step = steps.seeded(
-      train_step,
-      seeds,
-      inputs.seed_axes,
-      gather=inputs.gather,
-      augment=checked.augment,
-      vectorized=vectorized,
-    )
+    train_step = steps.seeded(train_step, seeds, inputs.seed_axes, vectorized=vectorized)
   return Training(
     inputs,
     seeds,
@@ -445,10 +439,14 @@ def _compiled_step(training: Training, rstate, first_batch, times: dict, echo, i
   evals too. Their compile times go into `times`; `step_from_cache`: the step was loaded from
   JAX's persistent compilation cache (an earlier launch compiled it)."""
   start, hits = time.perf_counter(), _CACHE_HITS[0]
-  # The run's step count is an argument: a resume with more steps loads the same program.
-  horizon = replicate(np.int32(training.num_steps))
+  # The run's step count and (one seed) its seed are arguments: a resume with more steps, or
+  # a run of another seed, loads the same program.
+  run = [np.int32(training.num_steps)]
+  if len(training.seeds) == 1:  # several seeds: steps.seeded has each seed's keys in the program
+    run.append(np.int32(training.seeds[0]))
+  run = [replicate(x) for x in run]
   p_train_step = jax.pmap(training.train_step, axis_name=AXIS, donate_argnums=(0,))
-  compiled = p_train_step.lower(rstate, first_batch, horizon).compile()
+  compiled = p_train_step.lower(rstate, first_batch, *run).compile()
   times["compile_sec"] = time.perf_counter() - start
   times["step_from_cache"] = _CACHE_HITS[0] > hits
   fit = seeds_that_fit(compiled, training.state, len(training.seeds))
@@ -465,7 +463,7 @@ def _compiled_step(training: Training, rstate, first_batch, times: dict, echo, i
   if training.warm_up:
     start = time.perf_counter()
     copy = jax.tree.map(lambda x: x.copy(), rstate)  # the step donates (consumes) its state
-    jax.block_until_ready(compiled(copy, first_batch, horizon))
+    jax.block_until_ready(compiled(copy, first_batch, *run))
     if inputs.compile_evals:
       inputs.evaluate(rstate, True)
     said += f"; ran each once to warm up in {time.perf_counter() - start:.1f} s"
@@ -473,7 +471,7 @@ def _compiled_step(training: Training, rstate, first_batch, times: dict, echo, i
     echo(said)
     if fit:
       echo(fit)
-  return lambda state, batch: compiled(state, batch, horizon)
+  return lambda state, batch: compiled(state, batch, *run)
 
 
 def free_device_bytes() -> int:
