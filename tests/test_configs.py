@@ -154,15 +154,18 @@ def test_smoke_trains_end_to_end_and_learns(path, tmp_path, monkeypatch):
 def test_a_second_launch_loads_its_step_from_the_compilation_cache(tmp_path, capsys):
   """JAX's persistent compilation cache (the suite's, as launch.sh sets one for users): the
   same config's next launch loads its step instead of compiling it, and says so, also when it
-  trains more steps (the step takes the run's step count as an argument)."""
+  trains more steps or another seed (the step takes the run's step count and seed as
+  arguments)."""
   assert os.environ["JAX_COMPILATION_CACHE_DIR"]
   config = configuration.load("configs/cifar_vgg.py:smoke")
-  config.update(num_train_steps=2, seed=5)  # a seed no other test compiles this step with
-  train_and_evaluate(config, str(tmp_path))
+  config.update(num_train_steps=2, batch_size=40)  # a step no other test compiles
+  train_and_evaluate(config, str(tmp_path / "first"))
   capsys.readouterr()
   config.num_train_steps = 3  # the resume of a run made longer
-  final = train_and_evaluate(config, str(tmp_path))
+  final = train_and_evaluate(config, str(tmp_path / "first"))
   output = capsys.readouterr().out
   assert "resumed from the checkpoint at step 2" in output
   assert final["step_from_cache"] is True
   assert "loaded the train step from the compilation cache in" in output
+  config.seed = 7  # a run of another seed
+  assert train_and_evaluate(config, str(tmp_path / "seed7"))["step_from_cache"] is True
