@@ -24,6 +24,7 @@ def _smoke(c):
   c.batch_size, c.eval_batch_size = 64, 64
   c.num_train_steps, c.log_every_steps = 24, 8
   c.warmup_epochs = 0.0
+  c.keep_freed_host_memory = True  # small steps on CPU reuse their freed memory
 
 
 def _writeup(c):
@@ -58,5 +59,7 @@ def get_config(arg=None):
   c.augment = "crop(4)|flip_lr|standardize"
   c.eval_preprocess = "standardize"
   c.eval_every_epochs = 5.0
+  # CPU: VGG-16's batch of 256 fragments a heap that never shrinks (BENCHMARKS.md, "CPU forms")
+  c.keep_freed_host_memory = False
   apply_variant(c, arg, VARIANTS)
   return c
