@@ -77,7 +77,12 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
   if num_steps <= 0:
     num_steps = config.num_epochs * inputs.steps_per_epoch
   schedule = optim.learning_rate_schedule(config, inputs.steps_per_epoch, num_steps)
-  tx = optim.create_optimizer(config, inputs.steps_per_epoch, num_steps, schedule, checked.groups)
+
+  def optimizer(horizon=None):  # over `horizon` steps (traced in the step), else num_steps
+    horizon = num_steps if horizon is None else horizon
+    return optim.create_optimizer(config, inputs.steps_per_epoch, horizon, None, checked.groups)
+
+  tx = optimizer()
   example = np.zeros((1, *inputs.example_shape), np.uint8)
   model_input = jax.eval_shape(checked.augment, init_key, example)  # what the model sees
   # tx.init labels the parameters: a parameter group that matches none is an error here
@@ -104,13 +109,7 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
     micro_batch=micro_batch,
     loss_scale=config.batch_size if config.loss_reduction == "sum" else 1.0,
     frozen=optim.frozen_mask(config, one.params, checked.groups),
-    optimizer=lambda horizon=None: optim.create_optimizer(
-      config,
-      inputs.steps_per_epoch,
-      num_steps if horizon is None else horizon,
-      None,
-      checked.groups,
-    ),
+    optimizer=optimizer,
   )
   if several:
     vectorized = config.seeds_mode == "vmap"
