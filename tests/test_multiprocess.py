@@ -17,6 +17,7 @@ import pytest
 from research import checkpoint, configuration, environment, main, models, optim, peers
 from research.errors import UserError
 from research.steps import AXIS, create_train_state
+from research.train import train_and_evaluate
 
 SMOKE = "configs/cifar_vgg.py:smoke"
 SLICE = Path(__file__).parent / "data" / "cifar10_slice"  # 16 train + 8 test JPEGs per class
@@ -87,20 +88,6 @@ def _params(workdir, config, step: int):
   ckpts.close()
   assert int(state.step) == step
   return state.params
-
-
-def _start_one(workdir, *overrides):
-  """One process of 8 CPU devices with the suite's flags, as the pair has them; its output."""
-  command = [sys.executable, "-m", "research.main", "--config", SMOKE, f"--workdir={workdir}"]
-  result = subprocess.run(
-    [*command, *overrides],
-    env=environment.for_devices(8, "cpu"),
-    capture_output=True,
-    text=True,
-    timeout=300,
-  )
-  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-  return result.stdout
 
 
 def _start_two(workdir, *overrides, second=()):
@@ -195,7 +182,7 @@ def test_sigterm_to_one_process_stops_both_and_the_resumed_pair_steps_as_one_pro
 
   config = _config(end)
   start = _params(one, config, stopped[0])
-  _start_one(one, f"--config.num_train_steps={end}", *args)
+  train_and_evaluate(config, str(one))  # one process: this one, 8 devices, the suite's flags
   # The pair sums each gradient and BatchNorm statistic over its 8 devices in another order
   # than one process (gloo adds the processes' partial sums), and float32 rounds each order
   # differently: a sum of 8 terms moves by at most 7 units of rounding (6e-8) of the sum of
