@@ -27,12 +27,16 @@ SETTINGS = {"num_train_steps": 14, "log_every_steps": 1, "checkpoint_every_steps
 ARGS = [f"--config.{field}={value}" for field, value in SETTINGS.items()]
 
 
+def _smoke_config(**overrides):
+  config = configuration.load(SMOKE)
+  config.update(overrides)
+  return config
+
+
 def _train_here(workdir):
   """A run of SETTINGS in this process (8 devices, the suite's flags, as `_start` gives a
   child): for runs that need no signal of their own."""
-  config = configuration.load(SMOKE)
-  config.update(SETTINGS)
-  return train_and_evaluate(config, str(workdir))
+  return train_and_evaluate(_smoke_config(**SETTINGS), str(workdir))
 
 
 def _start(workdir, devices=8, extra=(), program=("-m", "research.main")):
@@ -268,15 +272,9 @@ def test_resuming_with_fewer_steps_than_the_checkpoint_is_an_error(uninterrupted
   assert (tmp_path / "metrics.jsonl").read_text() == records  # no eval labelled step 10
 
 
-def _smoke_config(**overrides):
-  config = configuration.load(SMOKE)
-  config.update(overrides)
-  return config
-
-
 def test_unreadable_latest_checkpoint_falls_back_to_the_previous(uninterrupted_workdir, tmp_path):
   shutil.copytree(uninterrupted_workdir, tmp_path, dirs_exist_ok=True)  # checkpoints 10, 12, 14
-  config = _smoke_config(num_train_steps=14, checkpoint_every_steps=2)
+  config = _smoke_config(**SETTINGS)
   for f in (tmp_path / "checkpoints" / "14").rglob("*"):
     if f.is_file():
       f.write_bytes(b"garbage")
