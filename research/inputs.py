@@ -464,8 +464,8 @@ def upload_shards(arrays, per_device: int, rows=None):
   take = slice(start, start + n_local * per_device)
   blocks = (a[take] if rows is None else a[rows[take]] for a in arrays)
   on_devices = tuple(to_devices(b.reshape(n_local, per_device, *b.shape[1:])) for b in blocks)
-  if rows is not None:  # the host copies `rows` made (a whole split), held in a reference cycle
-    gc.collect()  # (a full collection: a second or more in a process with a large heap)
+  if rows is not None:  # a whole split's host copies: freed now, should a reference cycle hold
+    gc.collect()  # them (a full collection: a second or more in a process with a large heap)
   return on_devices
 
 
