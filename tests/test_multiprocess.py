@@ -25,6 +25,22 @@ STEPS = 2  # the resumed pair's steps
 # Every run here: a log record (and an agreement on stopping) every 2 steps, and no periodic
 # checkpoints, only the stop's.
 SETTINGS = {"log_every_steps": 2, "checkpoint_every_steps": 0}
+# research.main with every process's compiled programs written to the suite's compilation cache.
+# JAX writes from process 0 only (against contended writes to a shared filesystem), and on CPU a
+# process's cache key holds its own topology: without this, process 1 of every pair started here
+# compiles all its programs again. Written by one process per key, on this machine's disk.
+MAIN = """
+import sys
+from jax._src import compilation_cache, compiler, distributed
+write = compiler._cache_write
+def cache_write(key, seconds, name, backend, executable):
+  if distributed.global_state.process_id == 0:
+    return write(key, seconds, name, backend, executable)
+  compilation_cache.put_executable_and_time(key, name, executable, backend, int(seconds))
+compiler._cache_write = cache_write
+from research import main
+sys.exit(main.main())
+"""
 
 
 @pytest.mark.parametrize(
@@ -98,8 +114,8 @@ def _start_two(workdir, *overrides, second=()):
   env = environment.for_devices(4, "cpu")
   command = [
     sys.executable,
-    "-m",
-    "research.main",
+    "-c",
+    MAIN,
     "--config",
     SMOKE,
     f"--workdir={workdir}",
