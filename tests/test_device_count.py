@@ -75,11 +75,18 @@ def test_the_inputs_are_bitwise_the_same_on_1_2_4_and_8_devices(config, mix):
       np.testing.assert_array_equal(pixels, pixels_one)
 
 
-def _train(workdir, config: str, devices: int, steps: int, *overrides) -> str:
-  """A run of `config` on `devices` CPU devices, `steps` steps, logged every step; its output."""
+STEPS = 4
+# Every run here: STEPS steps, each logged. The uninterrupted runs also keep a checkpoint every
+# 2 steps, for the resume on 2 devices.
+SETTINGS = {"num_train_steps": STEPS, "log_every_steps": 1}
+UNINTERRUPTED = {**SETTINGS, "checkpoint_every_steps": 2}
+
+
+def _train(workdir, config: str, devices: int, settings: dict) -> str:
+  """A run of `config` on `devices` CPU devices with these config fields; its output."""
   command = [
     sys.executable, "-m", "research.main", f"--config={config}", f"--workdir={workdir}",
-    f"--config.num_train_steps={steps}", "--config.log_every_steps=1", *overrides,
+    *(f"--config.{field}={value}" for field, value in settings.items()),
   ]  # fmt: skip
   env = environment.for_devices(devices, "cpu")  # the suite's XLA flags, this device count
   result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
@@ -94,9 +101,6 @@ def _records(workdir):
   return losses, [r for r in records if "eval_accuracy" in r][-1]
 
 
-STEPS = 4
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
   """{(model, devices): (losses, final eval)} of uninterrupted runs, checkpointed at step 2,
@@ -107,15 +111,15 @@ def runs(tmp_path_factory):
   for model, spec in CONFIGS.items():
     # On 8 devices in this process (the suite's flags, as the child on 1 has them).
     config = configuration.load(spec)
-    config.update(num_train_steps=STEPS, log_every_steps=1, checkpoint_every_steps=2)
+    config.update(UNINTERRUPTED)
     train_and_evaluate(config, str(root / f"{model}-8"))
-    _train(root / f"{model}-1", spec, 1, STEPS, "--config.checkpoint_every_steps=2")
+    _train(root / f"{model}-1", spec, 1, UNINTERRUPTED)
     for devices in (8, 1):
       done[model, devices] = _records(root / f"{model}-{devices}")
   resumed = root / "vgg-8-then-2"
   shutil.copytree(root / "vgg-8", resumed)
   shutil.rmtree(resumed / "checkpoints" / str(STEPS))
-  output = _train(resumed, CONFIGS["vgg"], 2, STEPS)
+  output = _train(resumed, CONFIGS["vgg"], 2, SETTINGS)
   done["vgg", "8 then 2"] = (*_records(resumed), output)
   return done
 
