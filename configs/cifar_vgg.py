@@ -24,7 +24,6 @@ def _smoke(c):
   c.batch_size, c.eval_batch_size = 64, 64
   c.num_train_steps, c.log_every_steps = 24, 8
   c.warmup_epochs = 0.0
-  c.keep_freed_host_memory = True  # small steps on CPU reuse their freed memory
 
 
 def _writeup(c):

@@ -41,9 +41,9 @@ def test_a_run_keeps_freed_memory_unless_its_config_says_not(tmp_path, monkeypat
   monkeypatch.setattr(host_memory, "keep_freed_memory", lambda: calls.append(1))
   (tmp_path / "file").write_text("")  # a workdir that is a file: an error before training
   for spec, expected in (
-    ("cifar_vgg.py:smoke", 1),
+    ("cifar_keras_cnn.py", 1),
+    ("cifar_keras_cnn.py:smoke", 0),
     ("cifar_vgg.py", 0),
-    ("cifar_speedrun.py:smoke", 0),
   ):
     calls.clear()
     with pytest.raises(UserError, match="is a file"):
