@@ -26,11 +26,10 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # at its default in every process started from here on.
 signal.signal(signal.SIGINT, signal.default_int_handler)
 
-from research import host_memory  # noqa: E402
+# The suite's runs are :smoke-sized, whose configs keep glibc's default malloc (compile-bound
+# runs; research/host_memory.py): its in-process runs do as research.main does for them.
 
-host_memory.keep_freed_memory()  # as research.main does, before JAX starts its threads
-
-
+import gc  # noqa: E402
 import io  # noqa: E402
 import pickle  # noqa: E402
 import tarfile  # noqa: E402
@@ -53,6 +52,12 @@ def cifar_batch(n: int, seed: int) -> tuple[bytes, np.ndarray, np.ndarray]:
     b"filenames": [f"img_{seed}_{i}.png".encode() for i in range(n)],
   }
   return pickle.dumps(batch, protocol=2), images, np.asarray(labels)
+
+
+def pytest_collection_finish(session):
+  """What the imports and the collection made lives as long as the worker: out of the garbage
+  collector's sight, as research.main does once its modules are imported."""
+  gc.freeze()
 
 
 @pytest.fixture
