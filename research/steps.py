@@ -339,19 +339,19 @@ def create_train_state(rng, config, model, image_shape, tx, seeds=None) -> Train
   parameter shape). `seeds`: one state per seed, each from its run's init key as its single
   run has it (`rng` unused), stacked along a leading axis; the program compiles once."""
 
-  image = jnp.zeros((1, *image_shape), jnp.float32)
+  image = jax.ShapeDtypeStruct((1, *image_shape), jnp.float32)
 
-  def init(rng, image):  # lazy_init: the forward pass on `image` is dropped before lowering
-    variables = model.lazy_init(rng, jax.ShapeDtypeStruct(image.shape, image.dtype), train=False)
+  def init(rng):  # lazy_init: the forward pass on `image`, a shape only, is dropped
+    variables = model.lazy_init(rng, image, train=False)
     return variables, tx.init(variables["params"])
 
   # It runs once per seed. On CPU, XLA's backend optimizations of its random initializers take
   # longer to compile than they save in those runs.
   options = {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else None
-  compiled = jax.jit(init).lower(rng, image).compile(compiler_options=options)
+  compiled = jax.jit(init).lower(rng).compile(compiler_options=options)
 
   def state(rng):
-    variables, opt_state = compiled(rng, image)
+    variables, opt_state = compiled(rng)
     return jax.device_get(
       TrainState(
         step=0,
