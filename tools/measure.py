@@ -248,16 +248,19 @@ def step_speed(config, steps: int) -> dict:
   }
 
 
-def throughput(m: Measurement, device: dict) -> list[dict]:
+def throughput(m: Measurement, device: dict, budget_end: float = float("inf")) -> list[dict]:
   """Records at the config's global batch and, with `search_batch`, the largest that fits
-  (doubling until the device runs out of memory, at most `search_up_to` × the default)."""
+  (doubling until the device runs out of memory, at most `search_up_to` × the default). A
+  doubling that would not end before `budget_end` is not started: the search records the
+  largest batch it timed, and says so (the record's `search_end`: tools/results.SEARCH_ENDS)."""
   import jax
 
   default = m.config_dict().batch_size
-  found, batch = [], default
+  found, batch, end = [], default, "limit"
   while True:
     config = m.config_dict()
     config.batch_size = batch
+    started = time.time()
     try:
       found.append(step_speed(config, m.steps))
     except Exception as e:
@@ -269,11 +272,17 @@ def throughput(m: Measurement, device: dict) -> list[dict]:
           "memory here"
         ) from None
       print(f"  global batch {batch}: out of device memory", flush=True)
+      end = "memory"
       break
     finally:
       jax.clear_caches()
     print(f"  global batch {batch}: {found[-1]['examples_per_sec']:,.1f} examples/s", flush=True)
     if not m.search_batch or batch * 2 > m.search_up_to * default:
+      break
+    # The next batch costs about twice this one: its compile grows, its timed steps double
+    if time.time() + 2 * (time.time() - started) > budget_end:
+      print(f"  global batch {batch * 2}: not started, it would end after the budget", flush=True)
+      end = "budget"
       break
     batch *= 2
   peak, source = peak_tflops(device, m.dtype)
@@ -290,7 +299,10 @@ def throughput(m: Measurement, device: dict) -> list[dict]:
       "mfu": numbers["flops_per_step"] / seconds / (peak * 1e12) if peak else None,
     }
     measured = dataclasses.replace(m, name=name)
-    records.append(_record(measured, device, command, numbers, search_batch=m.search_batch))
+    ended = {"search_end": end} if name != m.name else {}
+    records.append(
+      _record(measured, device, command, numbers, search_batch=m.search_batch, **ended)
+    )
   return records
 
 

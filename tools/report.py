@@ -7,8 +7,9 @@
 
 Parts, at GPU sizes (a CPU host runs the same parts at CPU sizes, so the report is tested):
   throughput  each training config's step, float32 and bfloat16, at its default global batch
-              and at the largest that fits: examples/s, and FLOPs per step (XLA's cost analysis
-              of the compiled step) over the device's peak (MFU).
+              and at the largest that fits (or the largest timed before the budget ran out,
+              as its row says): examples/s, and FLOPs per step (XLA's cost analysis of the
+              compiled step) over the device's peak (MFU).
   peer        the same networks' training steps in PyTorch on the same device, when torch
               imports (tools/peer_torch.py): our examples/s ÷ theirs. On a CUDA GPU, the
               speedrun against airbench94_muon and against hiverge's cifar10_speedrun, the
@@ -287,7 +288,7 @@ def run(args) -> int:
           shutil.rmtree(workdir, ignore_errors=True)
           print(f"  --again: removed {recorded} (git has it) and its runs in {workdir}", flush=True)
         if part == "throughput":
-          records = measure.throughput(m, device)
+          records = measure.throughput(m, device, budget_end)
         elif m.peer in measure.SPEEDRUN_PEERS:
           script = Path(getattr(args, m.peer))
           if skipped := _speedrun_peer_missing(m.peer, script):

@@ -220,16 +220,25 @@ def main_table(records: list[dict], expected: list[dict]) -> str:
   return _table(header, rows)
 
 
+# Why the throughput part's search for the largest global batch ended (a record's `search_end`)
+SEARCH_ENDS = {
+  "memory": "the largest that fits",
+  "limit": "the largest the search tries",
+  "budget": "the largest timed before the budget ran out",
+}
+
+
 def throughput_table(records: list[dict]) -> str:
   rows = []
   for r in (r for r in records if r["part"] == "throughput"):
     n = r["numbers"]
     mfu = f"{n['mfu']:.1%}" if n.get("mfu") is not None else "n/a"
+    ended = f" ({SEARCH_ENDS[r['search_end']]})" if "search_end" in r else ""
     rows.append(
       [
         r["label"],
         r["dtype"],
-        n["batch_size"],
+        f"{n['batch_size']}{ended}",
         f"{n['examples_per_sec']:,.1f}",
         f"{n['flops_per_step'] / 1e9:,.1f}",
         mfu,

@@ -6,6 +6,7 @@ import re
 import signal
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -164,6 +165,40 @@ def test_the_throughput_part_records_speed_flops_and_the_largest_batch_tried(tmp
     assert numbers["examples_per_sec"] > 0 and numbers["flops_per_step"] > 0
     assert 0 < numbers["mfu"] < 1 and numbers["peak_source"].startswith("measured")
   assert largest["numbers"]["flops_per_step"] > 1.9 * default["numbers"]["flops_per_step"]
+  assert largest["search_end"] == "limit" and "search_end" not in default  # 2 × the default
+
+
+@pytest.mark.parametrize("end", ["budget", "memory"])
+def test_the_batch_search_records_the_largest_it_timed_and_why_it_ended_there(monkeypatch, end):
+  """A fake step on a fake clock: a batch takes as many seconds as its size (twice the last
+  at each doubling). With 300 s, batch 64 ends at 64 s and 128 at 192 s; 256 would end near
+  448 s, so it is not started. Out of memory at 256 ends the search there too."""
+  clock, tried = [0.0], []
+
+  def step_speed(config, steps):
+    tried.append(config.batch_size)
+    if end == "memory" and config.batch_size == 256:
+      raise RuntimeError("RESOURCE_EXHAUSTED: out of memory allocating 1 GB")
+    clock[0] += config.batch_size
+    b = config.batch_size
+    return dict(batch_size=b, examples_per_sec=1.0, flops_per_step=1e6 * b, micro_batch=b)
+
+  monkeypatch.setattr(measure, "step_speed", step_speed)
+  device = measure.device_info()
+  monkeypatch.setattr(measure, "time", types.SimpleNamespace(time=lambda: clock[0]))
+  monkeypatch.setattr(measure, "peak_tflops", lambda device, dtype: (1.0, "a test's"))
+  smoke = measure.Measurement(
+    "throughput", "vgg_smoke-float32", "VGG :smoke", "configs/cifar_vgg.py:smoke", steps=2,
+    search_batch=True,
+  )  # fmt: skip
+  budget_end = 300.0 if end == "budget" else float("inf")
+  records = measure.throughput(smoke, device, budget_end)
+  assert tried == ([64, 128] if end == "budget" else [64, 128, 256])
+  default, largest = records
+  assert (default["numbers"]["batch_size"], largest["numbers"]["batch_size"]) == (64, 128)
+  assert largest["name"] == "vgg_smoke-float32-largest" and largest["search_end"] == end
+  row = results.throughput_table(records).splitlines()[-1]
+  assert f"| 128 ({results.SEARCH_ENDS[end]}) |" in row
 
 
 def test_peer_measurements_are_skipped_where_torch_does_not_import(tmp_path):
