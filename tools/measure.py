@@ -281,7 +281,11 @@ def throughput(m: Measurement, device: dict, budget_end: float = float("inf")) -
       break
     # The next batch costs about twice this one: its compile grows, its timed steps double
     if time.time() + 2 * (time.time() - started) > budget_end:
-      print(f"  global batch {batch * 2}: not started, it would end after the budget", flush=True)
+      print(
+        f"  global batch {batch * 2}: not started, it would end after the budget (a record is "
+        "skipped from now on: --again with a larger --budget searches further)",
+        flush=True,
+      )
       end = "budget"
       break
     batch *= 2
