@@ -282,8 +282,8 @@ def throughput(m: Measurement, device: dict, budget_end: float = float("inf")) -
     # The next batch costs about twice this one: its compile grows, its timed steps double
     if time.time() + 2 * (time.time() - started) > budget_end:
       print(
-        f"  global batch {batch * 2}: not started, it would end after the budget (a record is "
-        "skipped from now on: --again with a larger --budget searches further)",
+        f"  global batch {batch * 2}: not started, it would end after the budget (the report "
+        "skips what it recorded: --again with a larger --budget searches further)",
         flush=True,
       )
       end = "budget"
