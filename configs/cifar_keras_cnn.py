@@ -24,9 +24,7 @@ def _smoke(c):
   # it stays well above chance on every device count, XLA optimization level and CPU kernel
   # measured (BENCHMARKS.md, "The test suite").
   c.synthetic_noise = 0.2
-  # Compile-bound: the kept host memory's one malloc arena (research/host_memory.py) would
-  # serialize XLA's compiling threads for steps too short to gain from it
-  c.keep_freed_host_memory = False
+  c.keep_freed_host_memory = False  # compile-bound (configs/common.py)
 
 
 VARIANTS = {"smoke": _smoke, "no_augment": lambda c: c.update(augment="")}

@@ -44,7 +44,8 @@ def training_defaults() -> ml_collections.ConfigDict:
   c.data_workers = 2  # streamed: host decode processes (grain); 0 = in the training process
   c.prefetch = 2  # streamed: batches in flight to the devices while a step runs
   # CPU: keep the memory a step frees for the next step instead of giving it back to the
-  # system (research/host_memory.py); False where a step's buffers approach the host's memory.
+  # system (research/host_memory.py); False where a step's buffers approach the host's memory,
+  # and for compile-bound runs (its one malloc arena serializes XLA's compiling threads).
   c.keep_freed_host_memory = True
   # Run the compiled step (on a copy of the state, which it needs room for) and the final eval
   # once before the clock starts, their results discarded, so that the timed steps run warm

@@ -280,7 +280,8 @@ def throughput(m: Measurement, device: dict, budget_end: float = float("inf")) -
     if not m.search_batch or batch * 2 > m.search_up_to * default:
       break
     # The next batch costs about twice this one: its compile grows, its timed steps double
-    if time.time() + 2 * (time.time() - started) > budget_end:
+    now = time.time()
+    if now + 2 * (now - started) > budget_end:
       print(
         f"  global batch {batch * 2}: not started, it would end after the budget (the report "
         "skips what it recorded: --again with a larger --budget searches further)",
