@@ -76,8 +76,10 @@ class Checkpoints:
     self.manager = ocp.CheckpointManager(
       self.directory,
       item_handlers=ocp.StandardCheckpointHandler(),  # lets item_metadata read a layout
+      # The directory is made by the first save: a run that stops before it (a bad config, a
+      # step that does not compile) leaves none behind.
       options=ocp.CheckpointManagerOptions(
-        max_to_keep=config.keep_checkpoints, create=True, enable_async_checkpointing=True
+        max_to_keep=config.keep_checkpoints, create=False, enable_async_checkpointing=True
       ),
     )
 
@@ -154,7 +156,8 @@ class Checkpoints:
     except OSError as e:  # maybe on this process only: orbax writes some arrays on process 0
       failed = e
     needed = sum(x.nbytes for x in jax.tree.leaves(state))  # about its size on disk
-    free = shutil.disk_usage(self.directory).free  # made by orbax at init, on every process
+    self.directory.mkdir(parents=True, exist_ok=True)  # by every process: none waits for another
+    free = shutil.disk_usage(self.directory).free
     seen = np.array([failed is not None, -free], np.float32)  # what allgather carries
     if jax.process_count() > 1:  # all processes stop together, or none does
       seen = multihost_utils.process_allgather(seen).max(axis=0)
