@@ -308,24 +308,15 @@ def zero_totals(preprocess):
   return {name: jnp.float32(0) for name in names}
 
 
-def check_axes(model, state, image_shape, name: str) -> None:
+@contextlib.contextmanager
+def axis_checked(name: str):
   """A user error, before anything is written, for a model that names an axis the step does
-  not have: its training forward pass traced (not compiled) under the step's axis."""
-  variables = {"params": state.params, "batch_stats": state.batch_stats}
-
-  def forward(images):
-    return model.apply(
-      variables,
-      images,
-      train=True,
-      rngs={"dropout": jax.random.key(0)},
-      mutable=["batch_stats", "intermediates"],
-    )
-
-  images = jax.ShapeDtypeStruct((1, 2, *image_shape), jnp.float32)  # [devices, batch, H, W, C]
+  not have: JAX's NameError for an unbound axis, raised while the step or an eval traces."""
   try:
-    jax.eval_shape(jax.vmap(forward, axis_name=AXIS), images)
+    yield
   except NameError as e:
+    if "unbound axis name" not in str(e):
+      raise  # a name the model's code lacks: its own traceback says where
     raise UserError(
       f"model {name!r} averages over an axis the training step does not have ({e}); the "
       f"step's axis is {AXIS!r} (research.steps.AXIS): name that one in BatchNorm's "

@@ -93,7 +93,6 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
   warmed = [trained.warm_start(s, source) for s in states]
   one, warm = warmed[0]  # seed 0's state: the shapes
   state = steps.stack([s for s, _ in warmed]) if several else one
-  steps.check_axes(model, one, model_input.shape[1:], config.model.name)
   micro_batch = steps.micro_batch_size(
     config.micro_batch_size,
     checked.per_device_batch,
@@ -311,8 +310,10 @@ def train_and_evaluate(
   rstate, skipped_at_start = replicate(state), len(inputs.skipped_files())
   stream = inputs.batches(start_step)
   first_batch = next(stream)
-  # Compiled before anything is written: a step the devices cannot hold is an error line
-  p_train_step = _compiled_step(training, rstate, first_batch, extra_times, echo, is_main)
+  # Compiled before anything is written: a step the devices cannot hold, or a model that names
+  # an axis the step lacks, is an error line
+  with steps.axis_checked(config.model.name):
+    p_train_step = _compiled_step(training, rstate, first_batch, extra_times, echo, is_main)
   # All checked: from here on we write. This launch trains steps start_step + 1 to num_steps.
   workdir_lib.prepare(workdir, config, data_identity, (start_step, num_steps))
   bar.update(start_step)
