@@ -128,6 +128,17 @@ def eval_pipelines(preprocess) -> dict:
   return {True: preprocess, False: preprocess.first_view}
 
 
+def eval_programs(preprocess, program) -> dict:
+  """{all_views: program(the eval's pipeline)}: without views both evals run one pipeline, and
+  one program (traced and compiled once)."""
+  programs, made = {}, {}
+  for all_views, pipeline in eval_pipelines(preprocess).items():
+    if id(pipeline) not in made:
+      made[id(pipeline)] = program(pipeline)
+    programs[all_views] = made[id(pipeline)]
+  return programs
+
+
 def check_shard(config, n_examples: int, n_devices: int, per_device_batch: int) -> int:
   """Examples per device; a user error if a device would not fill one batch."""
   shard_size = n_examples // n_devices  # the remainder (< n_devices) is not used
@@ -290,14 +301,15 @@ def resident(
     fn = functools.partial(resident_eval, preprocess=pipeline, per_device_batch=eval_batch)
     return jax.vmap(fn, in_axes=(0, None)) if config.seeds > 1 else fn
 
-  p_evals = {
-    all_views: jax.pmap(eval_fn(pipeline), axis_name=AXIS)
-    for all_views, pipeline in eval_pipelines(preprocess).items()
-  }
+  p_evals = eval_programs(preprocess, lambda pipeline: jax.pmap(eval_fn(pipeline), axis_name=AXIS))
 
   def compile_evals(rstate, views):
+    compiled = {}  # by program: one the two evals share compiles once
     for all_views in views:
-      p_evals[all_views] = p_evals[all_views].lower(rstate, test_shard).compile()
+      p_eval = p_evals[all_views]
+      if id(p_eval) not in compiled:
+        compiled[id(p_eval)] = p_eval.lower(rstate, test_shard).compile()
+      p_evals[all_views] = compiled[id(p_eval)]
 
   return Inputs(
     name=data.name,
@@ -411,10 +423,8 @@ def streamed(config, per_device_batch: int, preprocess, step_key, scanned=None) 
 
   eval_per_process = config.eval_batch_size // share[1]
   pipelines = eval_pipelines(preprocess)
-  p_evals = {
-    all_views: jax.pmap(functools.partial(streamed_eval, preprocess=pipeline), axis_name=AXIS)
-    for all_views, pipeline in pipelines.items()
-  }
+  eval_fn = lambda pipeline: functools.partial(streamed_eval, preprocess=pipeline)
+  p_evals = eval_programs(preprocess, lambda pipeline: jax.pmap(eval_fn(pipeline), axis_name=AXIS))
 
   def evaluate(rstate, all_views=True):
     totals = replicate(jax.device_get(steps.zero_totals(pipelines[all_views])))  # on device
