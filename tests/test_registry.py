@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from research import augment, configuration, data, losses, models, optim, validate
+from research import augment, configuration, data, losses, models, optim, steps, validate
 from research.errors import UserError
 from research.registry import Registry
 
@@ -126,3 +126,10 @@ def test_a_model_averaging_over_an_axis_the_step_lacks_stops_before_the_workdir(
   lines = result.stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith("error: model 'other_axis' averages over an axis")
   assert "'batch'" in lines[0] and not workdir.exists()
+
+
+def test_a_name_the_model_s_code_lacks_keeps_its_own_error():
+  """Only JAX's unbound axis is the model's axis error; a NameError of the model's own code
+  (a typo) is not mistaken for one."""
+  with pytest.raises(NameError, match="name 'widht' is not defined"), steps.axis_checked("net"):
+    raise NameError("name 'widht' is not defined")
