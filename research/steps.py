@@ -308,20 +308,24 @@ def zero_totals(preprocess):
   return {name: jnp.float32(0) for name in names}
 
 
-@contextlib.contextmanager
-def axis_checked(name: str):
-  """A user error, before anything is written, for a model that names an axis the step does
-  not have: JAX's NameError for an unbound axis, raised while the step or an eval traces."""
-  try:
-    yield
-  except NameError as e:
-    if "unbound axis name" not in str(e):
-      raise  # a name the model's code lacks: its own traceback says where
-    raise UserError(
-      f"model {name!r} averages over an axis the training step does not have ({e}); the "
-      f"step's axis is {AXIS!r} (research.steps.AXIS): name that one in BatchNorm's "
-      "axis_name, or use the axis_name research.models passes to create()"
-    ) from None
+def axis_checked(step, name: str):
+  """`step` whose tracing turns JAX's NameError for an unbound axis into a user error (before
+  anything is written): the model `name` names an axis the step does not have."""
+
+  @functools.wraps(step)
+  def checked(*args, **kwargs):
+    try:
+      return step(*args, **kwargs)
+    except NameError as e:
+      if "unbound axis name" not in str(e):
+        raise  # a name the model's code lacks: its own traceback says where
+      raise UserError(
+        f"model {name!r} averages over an axis the training step does not have ({e}); the "
+        f"step's axis is {AXIS!r} (research.steps.AXIS): name that one in BatchNorm's "
+        "axis_name, or use the axis_name research.models passes to create()"
+      ) from None
+
+  return checked
 
 
 def create_train_state(rng, config, model, image_shape, tx, seeds=None) -> TrainState:

@@ -50,7 +50,8 @@ class Training:
   from_data: "FromData | None"  # state -> state with the parameters the model takes from data
   # steps.train_step for ONE device, all but (state, batch, horizon, seed) bound (several
   # seeds: steps.seeded, without a seed); without a horizon its schedules end at num_steps,
-  # without a seed its keys are the config's seed's: constants of the program
+  # without a seed its keys are the config's seed's: constants of the program. Traced, a model
+  # that names an axis the step lacks is a user error (steps.axis_checked).
   train_step: Callable
   augment: Callable  # the config's augmentation (research/augment.py build) -> float32 images
   schedule: Callable  # step -> learning rate
@@ -113,6 +114,7 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
   if several:
     vectorized = config.seeds_mode == "vmap"
     train_step = steps.seeded(train_step, seeds, inputs.seed_axes, vectorized=vectorized)
+  train_step = steps.axis_checked(train_step, config.model.name)
   return Training(
     inputs,
     seeds,
@@ -311,9 +313,8 @@ def train_and_evaluate(
   stream = inputs.batches(start_step)
   first_batch = next(stream)
   # Compiled before anything is written: a step the devices cannot hold, or a model that names
-  # an axis the step lacks, is an error line
-  with steps.axis_checked(config.model.name):
-    p_train_step = _compiled_step(training, rstate, first_batch, extra_times, echo, is_main)
+  # an axis the step lacks (steps.axis_checked), is an error line
+  p_train_step = _compiled_step(training, rstate, first_batch, extra_times, echo, is_main)
   # All checked: from here on we write. This launch trains steps start_step + 1 to num_steps.
   workdir_lib.prepare(workdir, config, data_identity, (start_step, num_steps))
   bar.update(start_step)

@@ -131,5 +131,9 @@ def test_a_model_averaging_over_an_axis_the_step_lacks_stops_before_the_workdir(
 def test_a_name_the_model_s_code_lacks_keeps_its_own_error():
   """Only JAX's unbound axis is the model's axis error; a NameError of the model's own code
   (a typo) is not mistaken for one."""
-  with pytest.raises(NameError, match="name 'widht' is not defined"), steps.axis_checked("net"):
+
+  def step():
     raise NameError("name 'widht' is not defined")
+
+  with pytest.raises(NameError, match="name 'widht' is not defined"):
+    steps.axis_checked(step, "net")()
