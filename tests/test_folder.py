@@ -2,6 +2,7 @@
 
 import io
 import json
+import os
 import pickle
 import shutil
 import struct
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from research import configuration, main
+from research import configuration, host_workers, main
 from research.data import cifar10, folder
 from research.errors import UserError
 from research.train import train_and_evaluate
@@ -209,11 +210,20 @@ def test_images_in_subfolders_count_and_hidden_or_non_image_files_are_passed_ove
   )
 
 
-def test_real_cifar_folder_gives_the_same_arrays_as_an_archive_of_the_same_pixels(tmp_path):
+@pytest.mark.parametrize("cores", [1, 2])
+def test_real_cifar_folder_gives_the_same_arrays_as_an_archive_of_the_same_pixels(
+  tmp_path, monkeypatch, cores
+):
+  """Decoded in this process (one core) or on one pool of workers for both splits."""
+  pools, pool = [], host_workers.pool
+  monkeypatch.setattr(host_workers, "pool", lambda n: pools.append(n) or pool(n))
+  monkeypatch.setattr(os, "cpu_count", lambda: cores)
+  monkeypatch.setattr(folder, "CHUNK", 100)  # the slice's 240 files: 3 chunks
   data = folder.scan(str(SLICE))
   _official_archive(tmp_path / "cifar-10-python.tar.gz", data)
   archive = cifar10.load_from(str(tmp_path / "cifar-10-python.tar.gz"))
   from_folder = folder.load_resident(data, skip_bad=False, size=32)
+  assert pools == ([] if cores == 1 else [2])
   for field in ("train_images", "train_labels", "test_images", "test_labels"):
     np.testing.assert_array_equal(getattr(from_folder, field), getattr(archive, field))
   assert from_folder.train_images.shape == (160, 32, 32, 3) and from_folder.num_classes == 10

@@ -6,7 +6,8 @@ it, subfolders included (as torchvision's ImageFolder). Hidden files and folders
 other kinds are passed over and counted. Every image becomes uint8 RGB as a viewer shows it
 (`as_rgb`): EXIF orientation applied, 16-bit and float pixels scaled, transparency over white.
 
-  - resident (CIFAR-sized): `load_resident` decodes every file once, in parallel, caches the
+  - resident (CIFAR-sized): `load_resident` decodes every file once (in parallel on worker
+    processes, one pool for both splits, when there are more than `CHUNK`), caches the
     uint8 arrays in the data cache (keyed by the file list, sizes and mtimes) and hands them to
     the same device-resident path as cifar10 (research/inputs.py).
   - streamed (ImageNet-sized): `FileImages` is a random-access source that research/data/
@@ -14,6 +15,7 @@ other kinds are passed over and counted. Every image becomes uint8 RGB as a view
     host size (JPEG: libjpeg decodes at 1/2–1/8 scale when that still covers it).
 """
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -267,20 +269,35 @@ def _cache_key(folder: Folder, size: int) -> str:
   return digest.hexdigest()[:20]
 
 
-def _decode_split(folder: Folder, split: Split, skip_bad: bool, workers: int, size: int):
-  """uint8 [N, size, size, 3], labels, the files skipped and how many images were resized, of
-  one split, decoded on `workers` processes."""
-  paths = [str(folder.root / p.decode()) for p in split.paths]
+CHUNK = 256  # files a decode worker takes at a time
+
+
+@contextlib.contextmanager
+def _decoder(files: int):
+  """`map` of a function over paths: on as many spawned workers as the host has cores (at most
+  16), but no more than there are chunks of files; in this process when one chunk holds them
+  all (a worker's start, its imports, costs more than decoding a few hundred small files)."""
+  workers = min(os.cpu_count() or 1, 16, -(-files // CHUNK))
+  if workers <= 1:
+    yield map
+    return
   with host_workers.pool(workers) as pool:
-    decoded = list(
-      tqdm.tqdm(
-        pool.map(functools.partial(_read_square, size=size), paths, chunksize=256),
-        total=len(paths),
-        desc=f"decoding {folder.root / split.name}",
-        unit="img",
-        mininterval=2.0,
-      )
+    yield functools.partial(pool.map, chunksize=CHUNK)
+
+
+def _decode_split(folder: Folder, split: Split, skip_bad: bool, decode, size: int):
+  """uint8 [N, size, size, 3], labels, the files skipped and how many images were resized, of
+  one split, decoded by `decode` (`_decoder`'s map)."""
+  paths = [str(folder.root / p.decode()) for p in split.paths]
+  decoded = list(
+    tqdm.tqdm(
+      decode(functools.partial(_read_square, size=size), paths),
+      total=len(paths),
+      desc=f"decoding {folder.root / split.name}",
+      unit="img",
+      mininterval=2.0,
     )
+  )
   keep, skipped = [], []
   for i, result in enumerate(decoded):
     if isinstance(result, Exception):
@@ -307,9 +324,9 @@ def load_resident(folder: Folder, skip_bad: bool, size: int) -> ImageDataset:
     return ImageDataset(
       "folder", source, *arrays, len(folder.classes), skipped_files=skipped, resized=resized
     )
-  workers = max(1, min(os.cpu_count() or 1, 16))
-  train = _decode_split(folder, folder.train, skip_bad, workers, size)
-  test = _decode_split(folder, folder.eval, skip_bad, workers, size)
+  with _decoder(len(folder.train.paths) + len(folder.eval.paths)) as decode:  # both splits
+    train = _decode_split(folder, folder.train, skip_bad, decode, size)
+    test = _decode_split(folder, folder.eval, skip_bad, decode, size)
   skipped, resized = train[2] + test[2], train[3] + test[3]
   cache.parent.mkdir(parents=True, exist_ok=True)
   # A name of its own: processes on one host, or hosts sharing the cache, may decode at once.
