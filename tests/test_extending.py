@@ -31,7 +31,11 @@ def test_the_fork_package_copied_verbatim_trains_evaluates_predicts_and_loads(tm
     "myexp/vgg_lion.py",
   ]  # fmt: skip
   scratch = tmp_path / "checkout"
-  ignore = shutil.ignore_patterns(".git", ".venv", "runs", ".pytest_cache", "__pycache__")
+
+  def ignore(directory, names):  # the checkout's own files: no venv, runs, caches or scratch
+    top = Path(directory) == ROOT
+    return [n for n in names if n == "__pycache__" or top and (n.startswith(".") or n == "runs")]
+
   shutil.copytree(ROOT, scratch, ignore=ignore)
   for path, text in files.items():
     assert not (scratch / path).exists(), f"{path} is in the repository; the guide adds it"
