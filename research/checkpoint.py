@@ -19,10 +19,9 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 from flax import serialization, traverse_util
-from jax.experimental import multihost_utils
 
 from research.errors import UserError
-from research.inputs import wait_for_all
+from research.inputs import gather_processes, wait_for_all
 
 
 def _layout(tree) -> dict:
@@ -95,7 +94,7 @@ class Checkpoints:
       return late
     if step % self.agree_every:
       return False
-    return bool(multihost_utils.process_allgather(np.int32(late)).any())
+    return bool(gather_processes(np.int32(late)).any())
 
   def restore_latest(self, state):
     """`state` filled from the newest readable checkpoint, or `state` itself if there is none.
@@ -160,7 +159,7 @@ class Checkpoints:
     free = shutil.disk_usage(self.directory).free
     seen = np.array([failed is not None, -free], np.float32)  # what allgather carries
     if jax.process_count() > 1:  # all processes stop together, or none does
-      seen = multihost_utils.process_allgather(seen).max(axis=0)
+      seen = gather_processes(seen).max(axis=0)
     failed_anywhere, free = bool(seen[0]), -seen[1]  # the least free space of any process
     if failed_anywhere:
       raise failed or _disk_full(self.directory, "a checkpoint write failed on another process")

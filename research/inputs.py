@@ -26,7 +26,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.experimental import multihost_utils
 
 from research import data as data_lib
 from research import environment, steps
@@ -524,8 +523,33 @@ def same_in_every_process(value) -> bool:
   if jax.process_count() == 1:
     return True
   digest = hashlib.sha256(json.dumps(value, sort_keys=True).encode()).digest()
-  digests = multihost_utils.process_allgather(np.frombuffer(digest[:4], np.int32)[0])
+  digests = gather_processes(np.frombuffer(digest[:4], np.int32)[0])
   return len(set(digests.tolist())) == 1
+
+
+_GATHERS = itertools.count()  # names each gather's barrier: every process gathers in one order
+
+
+def _identity(x):
+  return x
+
+
+def gather_processes(value) -> np.ndarray:
+  """[processes, ...]: every process's `value` (of one shape and dtype in all), as
+  `multihost_utils.process_allgather` gives it, but returned only once every device of every
+  process has run the gather. process_allgather waits for this process's first device alone:
+  a process that then exits (on an error that every process raises from what it gathered)
+  can leave a device of another process still connecting to it, and that process's exit
+  waits for the device (for 150 s in one run of the test suite)."""
+  devices = np.asarray(jax.devices()).reshape(jax.process_count(), jax.local_device_count())
+  mesh = jax.sharding.Mesh(devices, ("processes", "local"))
+  spec = jax.sharding.PartitionSpec
+  rows = jax.sharding.NamedSharding(mesh, spec("processes"))
+  local = jax.make_array_from_process_local_data(rows, np.asarray(value)[None])
+  everywhere = jax.sharding.NamedSharding(mesh, spec())
+  gathered = jax.jit(_identity, out_shardings=everywhere)(local).block_until_ready()
+  wait_for_all(f"gathered-{next(_GATHERS)}")  # and every other process's devices too
+  return np.asarray(gathered.addressable_data(0))
 
 
 def wait_for_all(name: str, timeout_sec: int = 1800) -> None:

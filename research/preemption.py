@@ -29,10 +29,10 @@ import threading
 
 import jax
 import numpy as np
-from jax.experimental import multihost_utils
 
 from research import peers
 from research.errors import EXIT_INTERRUPTED
+from research.inputs import gather_processes
 
 
 class Preemption:
@@ -110,7 +110,7 @@ class Preemption:
       return self.signal is not None
     if step % self.every:
       return False
-    received = multihost_utils.process_allgather(np.int32(self.signal or 0))  # [processes]
+    received = gather_processes(np.int32(self.signal or 0))  # [processes]
     if not received.any():
       return False
     # Every process stops for the same reason: an interrupt if any process got Ctrl-C.
