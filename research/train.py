@@ -278,7 +278,7 @@ def augmented_preview(gather, augment, step: int, batch) -> np.ndarray:
   preview = functools.partial(steps.augmented_examples, gather=gather, augment=augment, count=32)
   images = jax.pmap(preview, axis_name=AXIS)(replicate(np.int32(step)), batch)
   shards = sorted(images.addressable_shards, key=lambda s: s.index[0].start)  # device order
-  return np.concatenate([np.asarray(s.data[0]) for s in shards])[:32]
+  return np.concatenate([np.asarray(s.data)[0] for s in shards])[:32]  # indexed on the host
 
 
 def train_and_evaluate(
