@@ -578,7 +578,7 @@ def build(spec: str, seed: int = 0) -> Callable[..., jax.Array]:
   views = steps.pop() if steps and isinstance(steps[-1].op, Views) else None
   batch_ops = [step.op for step in steps if step.batch]
   steps = [step for step in steps if not step.batch]
-  base_key = identity_key(seed)
+  built_seed = seed  # the examples' keys come from it unless the call names another
 
   def one(rng, image, valid, context, all_views):
     for step, key in zip(steps, jax.random.split(rng, max(len(steps), 1)), strict=False):
@@ -605,7 +605,7 @@ def build(spec: str, seed: int = 0) -> Callable[..., jax.Array]:
         sizes = jnp.broadcast_to(jnp.array(images.shape[1:3]), (n, 2))
       valid = jnp.asarray(sizes, jnp.float32)  # [B, 2]
       ids = jnp.arange(n) if ids is None else ids
-      identity = base_key if seed is None else identity_key(seed)
+      identity = identity_key(built_seed if seed is None else seed)  # traced: no eager op
       keys = jax.vmap(jax.random.fold_in, (None, 0))(identity, ids)
       contexts = Context(jnp.broadcast_to(jnp.asarray(epoch, jnp.int32), (n,)), keys)
       positions = jnp.arange(n) if positions is None else positions
