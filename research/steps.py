@@ -40,10 +40,11 @@ class Examples(NamedTuple):
   ids: Any = None  # int32 [per_device_batch]: each example's identity (augment's Context)
 
 
+@jax.jit  # one program for every seed, not an eager op for each step of making and taking them
 def run_keys(seed):
   """(init, shuffle, step) keys of a run with `seed` (an int, traced or not): what its
   parameters, data order and steps draw from."""
-  return jax.random.split(jax.random.key(seed), 3)
+  return tuple(jax.random.split(jax.random.key(seed), 3))
 
 
 def seeds_of(config) -> tuple:
