@@ -285,7 +285,7 @@ case $1 in
     "$py" -m research.environment  # pytest, ruff and the core packages, or an error: line
     "$py" -m ruff check .
     "$py" -m ruff format --check .
-    # The suite starts some 140 Python processes: where the environment sets
+    # The suite starts many Python processes: where the environment sets
     # PYTHONDONTWRITEBYTECODE, each would compile the project's modules from source again.
     "$py" -m compileall -q research tools configs >/dev/null
     # One pytest worker per core (pytest-xdist): most of a test's time is single-threaded

@@ -539,8 +539,8 @@ def gather_processes(value) -> np.ndarray:
   `multihost_utils.process_allgather` gives it, but returned only once every device of every
   process has run the gather. process_allgather waits for this process's first device alone:
   a process that then exits (on an error that every process raises from what it gathered)
-  can leave a device of another process still connecting to it, and that process's exit
-  waits for the device (for 150 s in one run of the test suite)."""
+  can leave a device of another process still connecting to it, whose own exit then hangs
+  (BENCHMARKS.md, "The test suite")."""
   devices = np.asarray(jax.devices()).reshape(jax.process_count(), jax.local_device_count())
   mesh = jax.sharding.Mesh(devices, ("processes", "local"))
   spec = jax.sharding.PartitionSpec
