@@ -127,15 +127,20 @@ def eval_pipelines(preprocess) -> dict:
   return {True: preprocess, False: preprocess.first_view}
 
 
+def _once_each(mapping: dict, make) -> dict:
+  """{key: make(value)}, `make` called once for each distinct value (by identity): keys that
+  share a value share what is made of it."""
+  made = {}
+  for value in mapping.values():
+    if id(value) not in made:
+      made[id(value)] = make(value)
+  return {key: made[id(value)] for key, value in mapping.items()}
+
+
 def eval_programs(preprocess, program) -> dict:
   """{all_views: program(the eval's pipeline)}: without views both evals run one pipeline, and
   one program (traced and compiled once)."""
-  programs, made = {}, {}
-  for all_views, pipeline in eval_pipelines(preprocess).items():
-    if id(pipeline) not in made:
-      made[id(pipeline)] = program(pipeline)
-    programs[all_views] = made[id(pipeline)]
-  return programs
+  return _once_each(eval_pipelines(preprocess), program)
 
 
 def check_shard(config, n_examples: int, n_devices: int, per_device_batch: int) -> int:
@@ -302,13 +307,9 @@ def resident(
 
   p_evals = eval_programs(preprocess, lambda pipeline: jax.pmap(eval_fn(pipeline), axis_name=AXIS))
 
-  def compile_evals(rstate, views):
-    compiled = {}  # by program: one the two evals share compiles once
-    for all_views in views:
-      p_eval = p_evals[all_views]
-      if id(p_eval) not in compiled:
-        compiled[id(p_eval)] = p_eval.lower(rstate, test_shard).compile()
-      p_evals[all_views] = compiled[id(p_eval)]
+  def compile_evals(rstate, views):  # a program the two evals share compiles once
+    wanted = {all_views: p_evals[all_views] for all_views in views}
+    p_evals.update(_once_each(wanted, lambda p_eval: p_eval.lower(rstate, test_shard).compile()))
 
   return Inputs(
     name=data.name,
@@ -422,8 +423,11 @@ def streamed(config, per_device_batch: int, preprocess, step_key, scanned=None) 
 
   eval_per_process = config.eval_batch_size // share[1]
   pipelines = eval_pipelines(preprocess)
-  eval_fn = lambda pipeline: functools.partial(streamed_eval, preprocess=pipeline)
-  p_evals = eval_programs(preprocess, lambda pipeline: jax.pmap(eval_fn(pipeline), axis_name=AXIS))
+
+  def eval_program(pipeline):
+    return jax.pmap(functools.partial(streamed_eval, preprocess=pipeline), axis_name=AXIS)
+
+  p_evals = eval_programs(preprocess, eval_program)
 
   def evaluate(rstate, all_views=True):
     totals = replicate(jax.device_get(steps.zero_totals(pipelines[all_views])))  # on device
