@@ -21,10 +21,14 @@ def _templates(rng: np.random.Generator, num_classes: int, size: int, channels: 
 
 def _images(rng, templates, labels, noise):
   images = np.empty((len(labels), *templates.shape[1:]), np.uint8)
+  means = 0.5 + 0.2 * templates
   for start in range(0, len(labels), 4096):  # chunks keep float memory small
     chunk = labels[start : start + 4096]
-    x = 0.5 + 0.2 * templates[chunk] + noise * rng.normal(size=(len(chunk), *templates.shape[1:]))
-    images[start : start + 4096] = np.clip(np.rint(x * 255), 0, 255).astype(np.uint8)
+    x = rng.normal(size=(len(chunk), *templates.shape[1:]))  # in place from here: no copies
+    x *= noise
+    x += means[chunk]
+    x *= 255
+    images[start : start + 4096] = np.clip(np.rint(x, out=x), 0, 255, out=x)
   return images
 
 

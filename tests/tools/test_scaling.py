@@ -16,10 +16,13 @@ def test_device_counts_double_up_to_all_devices():
   assert scaling.device_counts(1) == [1]
 
 
+@pytest.mark.rounding
 def test_report_writes_a_row_per_device_count_and_a_plot_and_a_rerun_trains_fresh(
   tmp_path, monkeypatch
 ):
-  monkeypatch.setattr(scaling, "device_counts", lambda n: [1, 2])  # two child runs: quick
+  # 1 and all 8 devices: on 8 both modes train the config's global batch, measured once (three
+  # child runs), and the smoke config's programs on 1 and 8 devices are those other tests run.
+  monkeypatch.setattr(scaling, "device_counts", lambda n: [1, 8])
   spec = "configs/cifar_keras_cnn.py:smoke"
   config = configuration.load(spec)
   config.update(scaling_steps=6, scaling_strong=True)
@@ -29,23 +32,25 @@ def test_report_writes_a_row_per_device_count_and_a_plot_and_a_rerun_trains_fres
     saved = list(csv.DictReader(f))
   assert [(r["mode"], r["n_devices"], r["global_batch"]) for r in saved] == [
     ("weak", "1", "8"),  # the config's 8 per device (64 over 8 devices)
-    ("weak", "2", "16"),
+    ("weak", "8", "64"),
     ("strong", "1", "64"),
-    ("strong", "2", "64"),
+    ("strong", "8", "64"),
   ]
-  # Strong scaling: one run at two speeds (tests/test_device_count.py states the tolerance).
+  # Strong scaling: one run at two speeds, its loss the same to rounding (tests/test_device_count.py
+  # states the tolerance). Not its eval accuracy: 6 steps leave the model near chance, where
+  # rounding flips whole examples (on 1 and 8 devices here: eval losses 2.2747 and 2.2742,
+  # 57 and 70 of 250 right).
   strong = [r for r in rows if r["mode"] == "strong"]
-  assert strong[0]["eval_accuracy"] == strong[1]["eval_accuracy"]
   assert strong[0]["final_loss"] == pytest.approx(strong[1]["final_loss"], rel=2e-4)
   assert rows[0]["speedup"] == 1.0 and all(r["examples_per_sec"] > 0 for r in rows)
   assert (tmp_path / "scaling.png").stat().st_size > 10_000
-  first = tmp_path / "scaling" / "run-1" / "weak-1"
-  lines = (first / "metrics.jsonl").read_text().splitlines()
+  first = tmp_path / "scaling" / "run-1"
+  assert sorted(p.name for p in first.iterdir() if p.is_dir()) == ["strong-1", "weak-1", "weak-8"]
+  lines = (first / "weak-1" / "metrics.jsonl").read_text().splitlines()
   assert [json.loads(x)["step"] for x in lines if "loss" in x][0] == 1
 
   # A second report into the same workdir does not resume the first one's children: each
-  # child trains in a directory of its own, which does not exist yet. Strong scaling keeps
-  # the global batch; on all 8 devices it is the weak run, measured once.
+  # child trains in a directory of its own, which does not exist yet.
   children = []
 
   def measure(spec, overrides, run_dir, n, batch, config, backend):
@@ -54,16 +59,9 @@ def test_report_writes_a_row_per_device_count_and_a_plot_and_a_rerun_trains_fres
     numbers.update(final_loss=1.0, eval_accuracy=0.5)
     return {"n_devices": n, "global_batch": batch, "per_device_batch": batch // n, **numbers}
 
-  monkeypatch.setattr(scaling, "device_counts", lambda n: [1, 8])
   monkeypatch.setattr(scaling, "_measure", measure)
-  config.scaling_strong = True
   again = scaling.run(config, spec, [("scaling_steps", "6")], tmp_path)
-  assert [(r["mode"], r["n_devices"], r["global_batch"]) for r in again] == [
-    ("weak", 1, 8),
-    ("weak", 8, 64),
-    ("strong", 1, 64),
-    ("strong", 8, 64),
-  ]
+  assert [(r["mode"], r["n_devices"]) for r in again] == [(r["mode"], r["n_devices"]) for r in rows]
   assert children == [("run-2/weak-1", False), ("run-2/weak-8", False), ("run-2/strong-1", False)]
 
 
