@@ -337,7 +337,7 @@ def create_train_state(rng, config, model, image_shape, tx, seeds=None) -> Train
 
   image = jax.ShapeDtypeStruct((1, *image_shape), jnp.float32)
 
-  def init(rng):  # lazy_init: the forward pass on `image`, a shape only, is dropped
+  def init(rng):  # lazy_init: `image` is a shape; the forward pass feeds no output (dead code)
     variables = model.lazy_init(rng, image, train=False)
     return variables, tx.init(variables["params"])
 
