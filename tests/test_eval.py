@@ -36,8 +36,9 @@ def test_eval_counts_every_example_once(n_examples):
   totals = first_replica(p_eval(replicate(state), shards))
   assert int(totals["count"]) == n_examples
 
-  # The same sums computed directly on the host, example by example.
-  logits = model.apply({"params": state.params}, images / 255.0, train=False)
+  # The same sums computed directly, example by example, in one program of their own.
+  apply = jax.jit(functools.partial(model.apply, train=False))
+  logits = apply({"params": state.params}, images / 255.0)
   expected_correct = int(np.sum(np.argmax(logits, -1) == labels))
   expected_loss = float(optax.softmax_cross_entropy_with_integer_labels(logits, labels).sum())
   assert int(totals["correct"]) == expected_correct

@@ -57,17 +57,18 @@ def test_muon_in_bfloat16_keeps_its_momentum_and_orthogonalises_in_bfloat16(trai
     for path, leaf in jax.tree_util.tree_leaves_with_path(state)
     if "mu" in jax.tree_util.keystr(path) and "conv" in jax.tree_util.keystr(path)
   ]
+  init = lambda config: jax.eval_shape(optim.create_optimizer(config, 1, 10).init, params)
   assert config.param_groups.filters.muon_dtype == "model"
-  assert set(momenta(optim.create_optimizer(config, 1, 10).init(params))) == {jnp.dtype("float32")}
+  assert set(momenta(init(config))) == {jnp.dtype("float32")}
   config.model.dtype = "bfloat16"
-  assert set(momenta(optim.create_optimizer(config, 1, 10).init(params))) == {jnp.dtype("bfloat16")}
+  assert set(momenta(init(config))) == {jnp.dtype("bfloat16")}
   config.model.dtype = "float32"
   config.param_groups.filters.muon_dtype = "bfloat16"
   tx = optim.create_optimizer(config, 1, 10)
-  state = tx.init(params)
+  state = jax.jit(tx.init)(params)
   assert set(momenta(state)) == {jnp.dtype("bfloat16")}
-  grads = jax.tree.map(lambda p: jnp.full_like(p, 1e-3), params)
-  updates, _ = tx.update(grads, state, params)
+  grads = jax.tree.map(lambda p: np.full_like(p, 1e-3), params)
+  updates, _ = jax.jit(tx.update)(grads, state, params)
   assert all(bool(jnp.isfinite(u).all()) for u in jax.tree.leaves(updates))
   config.param_groups.filters.muon_dtype = "int8"
   with pytest.raises(UserError, match="param_groups.filters.muon_dtype='int8' is not one of"):
@@ -184,9 +185,9 @@ def _groups_config(**groups):
 def _update(config, params, grads, steps_done=0, num_steps=10):
   """The optimizer's update after `steps_done` steps of the same gradient."""
   tx = optim.create_optimizer(config, 1, num_steps)
-  opt_state = tx.init(params)
+  opt_state, update = jax.jit(tx.init)(params), jax.jit(tx.update)  # one program each
   for _ in range(steps_done + 1):
-    updates, opt_state = tx.update(grads, opt_state, params)
+    updates, opt_state = update(grads, opt_state, params)
   return updates
 
 
@@ -301,12 +302,9 @@ def test_bfloat16_computes_in_bfloat16_and_keeps_float32_parameters_and_statisti
   assert np.isfinite(metrics["loss"])
   model = speedrun.create(config.model, None)
   variables = {"params": new.params, "batch_stats": new.batch_stats}
-  logits, captured = model.apply(
-    variables,
-    jnp.zeros((2, 32, 32, 3)),
-    train=False,
-    capture_intermediates=True,
-    mutable=["intermediates"],
+  apply = functools.partial(
+    model.apply, train=False, capture_intermediates=True, mutable=["intermediates"]
   )
+  logits, captured = jax.jit(apply)(variables, jnp.zeros((2, 32, 32, 3)))
   conv = captured["intermediates"]["group1"]["conv1"]["__call__"][0]
   assert conv.dtype == jnp.bfloat16 and logits.dtype == jnp.float32

@@ -244,7 +244,7 @@ def test_the_cpu_convolution_has_xla_s_value_and_gradients(size, kernel, strides
   grads = []
   for conv_fn in (lax.conv_general_dilated, steps.conv_general_dilated):
     conv = flax.linen.Conv(6, kernel, strides, padding, conv_general_dilated=conv_fn)
-    params = conv.init(jax.random.key(1), images)
+    params = jax.jit(conv.init)(jax.random.key(1), images)
     loss = lambda p, x, conv=conv: jnp.sum(jnp.sin(conv.apply(p, x)))
     grads.append(jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(params, images))
   (value, (params_grad, images_grad)), (ours, (ours_params_grad, ours_images_grad)) = grads
