@@ -103,14 +103,14 @@ def test_central_crop_cuts_one_sixteenth_of_the_valid_image_from_each_side():
   image = np.full((80, 48, 3), 200, np.uint8)  # a 5 px (80/16) and 3 px (48/16) frame of 200
   image[5:75, 3:45] = 50
   padded = _padded(image, 96, 255)[None]
-  out = augment.build("central_crop(24)")(jax.random.key(0), padded, np.array([[80, 48]]))
+  out = jax.jit(augment.build("central_crop(24)"))(jax.random.key(0), padded, np.array([[80, 48]]))
   np.testing.assert_allclose(out, 50 / 255, atol=1e-6)  # neither the frame nor the padding
 
 
 def test_central_crop_is_the_resized_central_window_as_tf_central_crop_cuts_it():
   image = _quiet_images(1, 50, 70)[0]  # tf.image.central_crop(0.875) keeps rows 3:47, cols 4:66
   padded = _padded(image, 80, 255)[None]
-  out = augment.build("central_crop(30)")(jax.random.key(0), padded, np.array([[50, 70]]))
+  out = jax.jit(augment.build("central_crop(30)"))(jax.random.key(0), padded, np.array([[50, 70]]))
   expected = jax.image.resize(image[3:47, 4:66] / 255.0, (30, 30, 3), "linear", antialias=True)
   np.testing.assert_allclose(out[0], expected, atol=1e-5)
 
