@@ -133,7 +133,7 @@ def test_the_whitening_filters_come_from_the_data_and_whiten_it(training):
   state = training.from_data(training.state)
   config = configuration.load(SMOKE)
   images = training.inputs.first_images(config.model.init_examples, config.seed)
-  images = np.asarray(augment.build("normalize")(jax.random.key(0), images))
+  images = np.asarray(jax.jit(augment.build("normalize"))(jax.random.key(0), images))
   kernel = np.asarray(state.params["whiten"]["kernel"])  # [2, 2, 3, 24]: 12 filters and negatives
   np.testing.assert_allclose(kernel[..., 12:], -kernel[..., :12])
   out = jax.lax.conv_general_dilated(
@@ -256,7 +256,7 @@ def test_the_summed_loss_steps_as_the_mean_loss_with_the_batch_times_the_learnin
 
 
 def test_the_alternating_flip_mirrors_each_example_the_other_way_every_other_epoch():
-  flip = augment.build("flip_alternating", seed=0)
+  flip = jax.jit(augment.build("flip_alternating", seed=0))
   images = np.random.default_rng(0).integers(0, 256, (64, 4, 4, 3), dtype=np.uint8)
   ids = jnp.arange(64) * 7
   by_epoch = [np.asarray(flip(jax.random.key(e), images, epoch=e, ids=ids)) for e in range(3)]
@@ -273,7 +273,7 @@ def test_eval_views_weight_the_mirror_and_one_pixel_translations():
   views = augment.build("tta(1)")
   assert views.weights == (0.25, 0.25, 0.125, 0.125, 0.125, 0.125)
   images = np.random.default_rng(0).integers(0, 256, (2, 8, 8, 3), dtype=np.uint8)
-  out = np.asarray(views(jax.random.key(0), images)) * 255  # [views, batch, H, W, C]
+  out = np.asarray(jax.jit(views)(jax.random.key(0), images)) * 255  # [views, batch, H, W, C]
   assert out.shape == (6, 2, 8, 8, 3)
   np.testing.assert_allclose(out[0], images, atol=1e-4)
   np.testing.assert_allclose(out[1], images[:, :, ::-1], atol=1e-4)
