@@ -168,6 +168,36 @@ def test_the_throughput_part_records_speed_flops_and_the_largest_batch_tried(tmp
   assert largest["search_end"] == "limit" and "search_end" not in default  # 2 × the default
 
 
+def test_the_flops_counted_are_the_models_and_the_step_traces_with_its_forms_after():
+  """A throughput record's FLOPs are counted on the lowered step with XLA's own ops (a GPU's
+  compiled step calls cuDNN, which the analysis of a compiled program counts as nothing):
+  the model's whether the step splits its batch into micro-batches or not (the split adds
+  the micro-batches' gradients: about one add per parameter), and the step traced after the
+  count has its CPU forms again (JAX caches traces)."""
+  import jax
+
+  from research import configuration, train
+  from research.inputs import replicate
+  from research.steps import AXIS
+
+  def step(micro_batch_size):
+    config = configuration.load("configs/cifar_keras_cnn.py:smoke")
+    config.update(batch_size=256, synthetic_train_size=512, micro_batch_size=micro_batch_size)
+    training = train.setup(config)
+    p_step = jax.pmap(training.train_step, axis_name=AXIS)
+    args = replicate(training.state), next(training.inputs.batches(0))
+    return training.micro_batch, p_step, args, training.state.params
+
+  (split, p_split, args, params), (whole, p_whole, whole_args, _) = step(0), step(32)
+  assert (split, whole) == (16, 32)  # auto: 2 micro-batches of 16 on each of 8 devices
+  traced = p_split.lower(*args).as_text()
+  count = measure.model_flops(p_split, *args)
+  whole_count = measure.model_flops(p_whole, *whole_args)
+  assert p_split.lower(*args).as_text() == traced
+  parameters = sum(x.size for x in jax.tree.leaves(params))
+  assert whole_count > 1e10 and abs(count - whole_count) < 2 * parameters * jax.device_count()
+
+
 @pytest.mark.parametrize("end", ["budget", "memory"])
 def test_the_batch_search_records_the_largest_it_timed_and_why_it_ended_there(monkeypatch, end):
   """A fake step on a fake clock: a batch takes as many seconds as its size (twice the last
