@@ -212,20 +212,21 @@ def peak_tflops(device: dict, dtype: str) -> tuple[float, str]:
   return _matmul_ceiling(dtype), f"measured: 2048² {dtype} matrix product on this host"
 
 
-def model_flops(p_step, *args) -> float:
-  """FLOPs of one call of the pmapped `p_step` on all local devices as XLA's own ops compute
-  it, the same on every backend: the program traced with the CPU forms off (research/steps.py;
-  XLA's convolutions count the kernel taps on the image, not on its padding). Counted on the
-  lowered program: the analysis of a compiled one counts nothing for the library calls a GPU
-  backend puts in place of convolutions (cuDNN)."""
+def model_flops(step, *args) -> float:
+  """FLOPs of one call of the train step `step`, pmapped over all local devices, as XLA's own
+  ops compute it, the same on every backend: the step traced with the CPU forms off
+  (research/steps.py; XLA's convolutions count the kernel taps on the image, not on its
+  padding). Counted on the lowered program: the analysis of a compiled one counts nothing for
+  the library calls a GPU backend puts in place of convolutions (cuDNN)."""
   import jax
 
   from research import steps as steps_lib
 
-  jax.clear_caches()  # JAX caches traces: `p_step` traces anew without the forms, then with them
+  # A function of its own: JAX caches a function's traces, and `step`'s, with the forms or
+  # without, must stay the forms' (and must not be this count's).
+  counted = jax.pmap(lambda *a: step(*a), axis_name=steps_lib.AXIS)
   with steps_lib.without_cpu_forms():
-    cost = p_step.lower(*args).cost_analysis()
-  jax.clear_caches()
+    cost = counted.lower(*args).cost_analysis()
   cost = cost[0] if isinstance(cost, list) else cost
   return float(cost.get("flops", 0.0)) * jax.local_device_count()
 
@@ -253,7 +254,7 @@ def step_speed(config, steps: int) -> dict:
   first = next(batches)
   rstate = replicate(training.state)
   p_step = jax.pmap(training.train_step, axis_name=AXIS, donate_argnums=(0,))
-  flops = model_flops(p_step, rstate, first)
+  flops = model_flops(training.train_step, rstate, first)
   compiled = p_step.lower(rstate, first).compile()
   # Five warm-up steps: on CPU the first few grow the host heap (research/host_memory.py).
   seconds, _ = benchmark.time_steps(compiled, rstate, batches, steps, warmup=5)

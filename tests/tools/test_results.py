@@ -172,8 +172,8 @@ def test_the_flops_counted_are_the_models_and_the_step_traces_with_its_forms_aft
   """A throughput record's FLOPs are counted on the lowered step with XLA's own ops (a GPU's
   compiled step calls cuDNN, which the analysis of a compiled program counts as nothing):
   the model's whether the step splits its batch into micro-batches or not (the split adds
-  the micro-batches' gradients: about one add per parameter), and the step traced after the
-  count has its CPU forms again (JAX caches traces)."""
+  the micro-batches' gradients: about one add per parameter), and the step traces with its
+  CPU forms, before the count and after it (JAX caches traces)."""
   import jax
 
   from research import configuration, train
@@ -184,16 +184,19 @@ def test_the_flops_counted_are_the_models_and_the_step_traces_with_its_forms_aft
     config = configuration.load("configs/cifar_keras_cnn.py:smoke")
     config.update(batch_size=128, synthetic_train_size=256, micro_batch_size=micro_batch_size)
     training = train.setup(config)
-    p_step = jax.pmap(training.train_step, axis_name=AXIS)
     args = replicate(training.state), next(training.inputs.batches(0))
-    return training.micro_batch, p_step, args, training.state.params
+    return training.micro_batch, training.train_step, args, training.state.params
 
-  (split, p_split, args, params), (whole, p_whole, whole_args, _) = step(8), step(16)
+  (split, split_step, args, params), (whole, whole_step, whole_args, _) = step(8), step(16)
   assert (split, whole) == (8, 16)  # 2 micro-batches of 8 on each of 8 devices, or 1 of 16
+  p_split = jax.pmap(split_step, axis_name=AXIS)
   traced = p_split.lower(*args).as_text()
-  count = measure.model_flops(p_split, *args)
-  whole_count = measure.model_flops(p_whole, *whole_args)
-  assert p_split.lower(*args).as_text() == traced
+  count = measure.model_flops(split_step, *args)
+  whole_count = measure.model_flops(whole_step, *whole_args)
+  assert p_split.lower(*args).as_text() == traced  # traced before the count, and after it:
+  after_count = jax.pmap(whole_step, axis_name=AXIS).lower(*whole_args).as_text()
+  jax.clear_caches()
+  assert jax.pmap(whole_step, axis_name=AXIS).lower(*whole_args).as_text() == after_count
   parameters = sum(x.size for x in jax.tree.leaves(params))
   assert whole_count > 1e10 and abs(count - whole_count) < 2 * parameters * jax.device_count()
 
