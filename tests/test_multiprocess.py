@@ -241,7 +241,7 @@ def test_a_lost_process_stops_the_other_soon_with_an_error_and_the_rerun_resumes
   processes = _start_two(two, *args)
   deadline = time.monotonic() + 480  # minutes on a loaded 2-core machine
   try:
-    while len(_saved(two)) < 2:  # saved by time only
+    while not _saved(two):  # a checkpoint by time: both train, past their compiles
       assert time.monotonic() < deadline and all(p.poll() is None for p in processes)
       time.sleep(0.05)
   except BaseException:
