@@ -28,8 +28,9 @@
                         seed-step ÷ those of one seed's step, timed in alternating rounds
                         after all compiled (the price of a seed).
 All training benchmarks use the synthetic dataset (same shapes as CIFAR-10; throughput of
-resident data does not depend on pixel values). Results go to the console and
-WORKDIR/benchmark.json.
+resident data does not depend on pixel values). Results go to the console at the end and to
+WORKDIR/benchmark.json after each measurement (its "finished" false until all have run): a
+bench stopped early keeps what it measured.
 """
 
 import argparse
@@ -398,40 +399,64 @@ def main() -> None:
     "device": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
     "jax_version": jax.__version__,
     "small": args.small,
+    "finished": False,
   }
-  run_all = args.only is None
-  for path in CONFIGS if run_all or args.only == "train" else ():
-    name = Path(path).stem
-    bare = bare_step(_config(path, args.small), args.steps)
-    loop = full_loop(_config(path, args.small), args.steps, workdir / f"loop-{name}")
-    plain = bare_step(_config(path, args.small, augment="", eval_preprocess=""), args.steps)
-    host = host_augmented(_config(path, args.small), args.steps, args.workers)
-    results[name] = {
-      "bare_step_examples_per_sec": bare,
-      "loop_examples_per_sec": loop,
-      "no_augment_examples_per_sec": plain,
-      "host_augment_examples_per_sec": host,
-      "loop_efficiency": loop / bare,
-      "augmentation_overhead": bare / plain,
-      "host_vs_device_augmentation": host / bare,
-    }
-  if run_all or args.only == "decode":
-    results["decode"] = decode_speed(workdir, args.jpegs)
-  if run_all or args.only == "conv2d":
-    results["conv2d_scipy_over_lax_conv"] = conv2d_vs_scipy()
-  on_cpu = jax.default_backend() == "cpu"
-  if args.only == "cpu" or (run_all and on_cpu):  # full-size models on a CPU: ~10 minutes
-    results["cpu"] = {Path(path).stem: cpu_steps(path) for path in CONFIGS}
-  if args.only == "forms":
-    results["forms"] = {path: form_gains(path, args.variants, args.rounds) for path in args.configs}
-    results["malloc"] = "system" if args.system_malloc else "host_memory"
-  if args.only == "seeds":
-    results["seeds"] = {
-      Path(path).stem: seeds_cost(path, args.small, args.seeds, args.rounds) for path in CONFIGS
-    }
-  (workdir / "benchmark.json").write_text(json.dumps(results, indent=2) + "\n")
+  output = workdir / "benchmark.json"
+  output.unlink(missing_ok=True)  # an earlier bench's, which this one's replaces
+
+  def measured(what: str) -> None:
+    """Writes what is measured so far: a bench stopped early (a GPU lease's time limit, Ctrl-C)
+    keeps it."""
+    output.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"measured {what} ({output})", flush=True)
+
+  try:
+    run_all = args.only is None
+    for path in CONFIGS if run_all or args.only == "train" else ():
+      name = Path(path).stem
+      bare = bare_step(_config(path, args.small), args.steps)
+      loop = full_loop(_config(path, args.small), args.steps, workdir / f"loop-{name}")
+      plain = bare_step(_config(path, args.small, augment="", eval_preprocess=""), args.steps)
+      host = host_augmented(_config(path, args.small), args.steps, args.workers)
+      results[name] = {
+        "bare_step_examples_per_sec": bare,
+        "loop_examples_per_sec": loop,
+        "no_augment_examples_per_sec": plain,
+        "host_augment_examples_per_sec": host,
+        "loop_efficiency": loop / bare,
+        "augmentation_overhead": bare / plain,
+        "host_vs_device_augmentation": host / bare,
+      }
+      measured(f"train {name}")
+    if run_all or args.only == "decode":
+      results["decode"] = decode_speed(workdir, args.jpegs)
+      measured("decode")
+    if run_all or args.only == "conv2d":
+      results["conv2d_scipy_over_lax_conv"] = conv2d_vs_scipy()
+      measured("conv2d")
+    on_cpu = jax.default_backend() == "cpu"
+    if args.only == "cpu" or (run_all and on_cpu):  # full-size models on a CPU: ~10 minutes
+      for path in CONFIGS:
+        results.setdefault("cpu", {})[Path(path).stem] = cpu_steps(path)
+        measured(f"cpu {path}")
+    if args.only == "forms":
+      results["malloc"] = "system" if args.system_malloc else "host_memory"
+      for path in args.configs:
+        results.setdefault("forms", {})[path] = form_gains(path, args.variants, args.rounds)
+        measured(f"forms {path}")
+    if args.only == "seeds":
+      for path in CONFIGS:
+        results.setdefault("seeds", {})[Path(path).stem] = seeds_cost(
+          path, args.small, args.seeds, args.rounds
+        )
+        measured(f"seeds {path}")
+  except KeyboardInterrupt:
+    done = f"what was measured is in {output}" if output.exists() else "nothing was measured"
+    exit_interrupted(f"\ninterrupted: {done}")
+  results["finished"] = True
+  output.write_text(json.dumps(results, indent=2) + "\n")
   _print(results)
-  print(f"wrote {workdir / 'benchmark.json'}")
+  print(f"wrote {output}")
 
 
 def _check(args) -> None:
@@ -522,5 +547,5 @@ def _print(results: dict) -> None:
 if __name__ == "__main__":
   try:
     main()
-  except KeyboardInterrupt:  # the numbers come at the end: an interrupted bench has none
-    exit_interrupted("\ninterrupted: no numbers (they are printed and written when all have run)")
+  except KeyboardInterrupt:  # before the measurements start
+    exit_interrupted("\ninterrupted: nothing was measured")

@@ -1,11 +1,12 @@
 """The benchmarks' own code paths run (their ratios are measured on real hosts, not here)."""
 
+import json
 import sys
 
 import pytest
 
 from research import configuration
-from research.errors import EXIT_USER_ERROR
+from research.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR
 from tools import benchmark
 
 
@@ -20,6 +21,35 @@ def test_the_seeds_bench_times_each_way_of_running_seeds():
   assert list(rows) == ["1", "2 vmap", "2 unroll"]
   assert rows["1"]["per_seed_step_vs_one"] == 1.0
   assert all(r["sec_per_step"] > 0 for r in rows.values())
+
+
+def test_a_bench_stopped_early_keeps_what_it_measured(tmp_path, monkeypatch, capsys):
+  """Each measurement is written as it ends: a GPU lease's time limit or a Ctrl-C in the
+  second config's forms leaves the first's."""
+  first, second = "configs/cifar_keras_cnn.py:smoke", "configs/cifar_vgg.py:smoke"
+
+  def form_gains(path, variants, rounds):
+    if path == second:
+      raise KeyboardInterrupt
+    return {"gain": {"a variant": 1.5}}
+
+  def exit_interrupted(message):  # the real one ends the process at once (os._exit)
+    print(message, file=sys.stderr)
+    raise SystemExit(EXIT_INTERRUPTED)
+
+  monkeypatch.setattr(benchmark, "form_gains", form_gains)
+  monkeypatch.setattr(benchmark, "exit_interrupted", exit_interrupted)
+  workdir = tmp_path / "bench"
+  argv = ["benchmark", f"--workdir={workdir}", "--only=forms", f"--configs={first},{second}"]
+  monkeypatch.setattr(sys, "argv", [*argv, "--system-malloc"])
+  with pytest.raises(SystemExit) as exit:
+    benchmark.main()
+  assert exit.value.code == EXIT_INTERRUPTED
+  output = capsys.readouterr()
+  assert f"measured forms {first}" in output.out and f"forms {second}" not in output.out
+  assert output.err.strip() == f"interrupted: what was measured is in {workdir / 'benchmark.json'}"
+  written = json.loads((workdir / "benchmark.json").read_text())
+  assert written["forms"] == {first: {"gain": {"a variant": 1.5}}} and not written["finished"]
 
 
 @pytest.mark.parametrize(
