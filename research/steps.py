@@ -531,22 +531,26 @@ def cpu_forms_applied():
 def without_cpu_forms(*forms: str):
   """Models traced inside use XLA's own ops instead of these CPU forms (default: all of them):
   the baselines the benchmarks measure the forms against."""
+  before = set(_off)
   _off.update(forms or CPU_FORMS)
   try:
     yield
   finally:
     _off.clear()
+    _off.update(before)
 
 
 @contextlib.contextmanager
 def with_forms(*forms: str):
   """Models traced inside use these forms on any backend (on CPU they are on already): how the
   benchmark measures a form against XLA's own ops on a GPU."""
+  before = set(_on)
   _on.update(forms)
   try:
     yield
   finally:
     _on.clear()
+    _on.update(before)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))

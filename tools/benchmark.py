@@ -404,10 +404,15 @@ def main() -> None:
   output = workdir / "benchmark.json"
   output.unlink(missing_ok=True)  # an earlier bench's, which this one's replaces
 
+  def write() -> None:  # whole or not at all: a new file renamed over the old
+    partial = output.with_suffix(".json.partial")
+    partial.write_text(json.dumps(results, indent=2) + "\n")
+    partial.replace(output)
+
   def measured(what: str) -> None:
     """Writes what is measured so far: a bench stopped early (a GPU lease's time limit, Ctrl-C)
     keeps it."""
-    output.write_text(json.dumps(results, indent=2) + "\n")
+    write()
     print(f"measured {what} ({output})", flush=True)
 
   try:
@@ -450,11 +455,11 @@ def main() -> None:
           path, args.small, args.seeds, args.rounds
         )
         measured(f"seeds {path}")
+    results["finished"] = True
+    write()
   except KeyboardInterrupt:
     done = f"what was measured is in {output}" if output.exists() else "nothing was measured"
     exit_interrupted(f"\ninterrupted: {done}")
-  results["finished"] = True
-  output.write_text(json.dumps(results, indent=2) + "\n")
   _print(results)
   print(f"wrote {output}")
 
@@ -547,5 +552,5 @@ def _print(results: dict) -> None:
 if __name__ == "__main__":
   try:
     main()
-  except KeyboardInterrupt:  # before the measurements start
-    exit_interrupted("\ninterrupted: nothing was measured")
+  except KeyboardInterrupt:  # before the measurements or after them (main says which)
+    exit_interrupted("\ninterrupted")

@@ -213,21 +213,28 @@ def peak_tflops(device: dict, dtype: str) -> tuple[float, str]:
 
 
 def model_flops(step, *args) -> float:
-  """FLOPs of one call of the train step `step`, pmapped over all local devices, as XLA's own
-  ops compute it, the same on every backend: the step traced with the CPU forms off
-  (research/steps.py; XLA's convolutions count the kernel taps on the image, not on its
-  padding). Counted on the lowered program: the analysis of a compiled one counts nothing for
-  the library calls a GPU backend puts in place of convolutions (cuDNN)."""
+  """FLOPs of one call of the train step `step`, pmapped over all local devices, as XLA counts
+  them in the step lowered with XLA's own ops (the CPU forms off, research/steps.py): a
+  convolution's kernel taps on the image, not on its padding. XLA's CPU cost analysis counts
+  them on any backend: the analysis of a compiled GPU step counts nothing for the library calls
+  (cuDNN) in place of its convolutions, and JAX analyses a lowered step on built-in backends
+  only, not on plugins such as CUDA's."""
   import jax
+  from jax._src.lib import _jax  # what Lowered.cost_analysis calls where it can
 
   from research import steps as steps_lib
 
-  # A function of its own: JAX caches a function's traces, and `step`'s, with the forms or
-  # without, must stay the forms' (and must not be this count's).
+  try:
+    cpu = jax.devices("cpu")[0].client
+  except RuntimeError:
+    raise UserError(
+      "counting a step's FLOPs needs JAX's CPU backend: unset JAX_PLATFORMS or add cpu to it"
+    ) from None
+  # A function of its own: JAX caches a function's traces, and `step`'s must stay the forms'.
   counted = jax.pmap(lambda *a: step(*a), axis_name=steps_lib.AXIS)
   with steps_lib.without_cpu_forms():
-    cost = counted.lower(*args).cost_analysis()
-  cost = cost[0] if isinstance(cost, list) else cost
+    hlo = counted.lower(*args).compiler_ir("hlo").as_hlo_module()
+  cost = _jax.hlo_module_cost_analysis(cpu, hlo)
   return float(cost.get("flops", 0.0)) * jax.local_device_count()
 
 

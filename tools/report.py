@@ -8,9 +8,9 @@
 Parts, at GPU sizes (a CPU host runs the same parts at CPU sizes, so the report is tested):
   throughput  each training config's step, float32 and bfloat16, at its default global batch
               and at the largest that fits (or the largest timed before the budget ran out,
-              as its row says): examples/s, and FLOPs per step (XLA's cost analysis of the
-              step lowered with XLA's own ops: measure.model_flops) over the device's peak
-              (MFU).
+              as its row says): examples/s, and FLOPs per step (XLA's CPU cost analysis of
+              the step lowered with XLA's own ops: measure.model_flops) over the device's
+              peak (MFU).
   peer        the same networks' training steps in PyTorch on the same device, when torch
               imports (tools/peer_torch.py): our examples/s ÷ theirs. On a CUDA GPU, the
               speedrun against airbench94_muon and against hiverge's cifar10_speedrun, the

@@ -168,7 +168,7 @@ def test_the_throughput_part_records_speed_flops_and_the_largest_batch_tried(tmp
   assert largest["search_end"] == "limit" and "search_end" not in default  # 2 × the default
 
 
-def test_the_flops_counted_are_the_models_and_the_step_traces_with_its_forms_after():
+def test_the_flops_counted_are_the_models_and_the_step_traces_with_its_forms_after(monkeypatch):
   """A throughput record's FLOPs are counted on the lowered step with XLA's own ops (a GPU's
   compiled step calls cuDNN, which the analysis of a compiled program counts as nothing):
   the model's whether the step splits its batch into micro-batches or not (the split adds
@@ -190,10 +190,12 @@ def test_the_flops_counted_are_the_models_and_the_step_traces_with_its_forms_aft
   (split, split_step, args, params), (whole, whole_step, whole_args, _) = step(8), step(16)
   assert (split, whole) == (8, 16)  # 2 micro-batches of 8 on each of 8 devices, or 1 of 16
   p_split = jax.pmap(split_step, axis_name=AXIS)
-  traced = p_split.lower(*args).as_text()
+  p_split.lower(*args)  # the split step traced with its forms before its count
   count = measure.model_flops(split_step, *args)
+  # as on a plugin backend (CUDA's), where JAX has no analysis of a lowered program
+  monkeypatch.setattr(jax.stages.Lowered, "cost_analysis", lambda self: None)
   whole_count = measure.model_flops(whole_step, *whole_args)
-  assert p_split.lower(*args).as_text() == traced  # traced before the count, and after it:
+  # the whole step traced after its count, as traced afresh
   after_count = jax.pmap(whole_step, axis_name=AXIS).lower(*whole_args).as_text()
   jax.clear_caches()
   assert jax.pmap(whole_step, axis_name=AXIS).lower(*whole_args).as_text() == after_count
