@@ -73,6 +73,7 @@ class Measurement:
   peer: str = ""  # peer: the PyTorch network (tools/peer_torch.py), or a SPEEDRUN_PEERS name
   # (steps: the runs of each recipe, tools/peer_airbench.py)
   image_size: int = 32  # peer: input pixels per side
+  rounds: int = 1  # throughput, peer: `steps` timed this many times; the median is recorded
 
   def config_dict(self):
     from research import configuration
@@ -238,8 +239,9 @@ def model_flops(step, *args) -> float:
   return float(cost.get("flops", 0.0)) * jax.local_device_count()
 
 
-def step_speed(config, steps: int) -> dict:
-  """Examples/s of the config's pmapped train step on device-resident data, and its FLOPs."""
+def step_speed(config, steps: int, rounds: int = 1) -> dict:
+  """Examples/s of the config's pmapped train step on device-resident data (the median of
+  `rounds` timings of `steps` steps, each kept where there are several), and its FLOPs."""
   import jax
 
   from research import train
@@ -263,11 +265,15 @@ def step_speed(config, steps: int) -> dict:
   p_step = jax.pmap(training.train_step, axis_name=AXIS, donate_argnums=(0,))
   flops = model_flops(training.train_step, rstate, first)
   compiled = p_step.lower(rstate, first).compile()
-  # Five warm-up steps: on CPU the first few grow the host heap (research/host_memory.py).
-  seconds, _ = benchmark.time_steps(compiled, rstate, batches, steps, warmup=5)
+  speeds = []
+  for i in range(rounds):
+    # Five warm-up steps: on CPU the first few grow the host heap (research/host_memory.py).
+    seconds, rstate = benchmark.time_steps(compiled, rstate, batches, steps, warmup=5 * (i == 0))
+    speeds.append(steps * config.batch_size / seconds)
   return {
     "batch_size": config.batch_size,
-    "examples_per_sec": steps * config.batch_size / seconds,
+    "examples_per_sec": statistics.median(speeds),
+    **({"examples_per_sec_rounds": speeds} if rounds > 1 else {}),
     "flops_per_step": flops,
     "micro_batch": training.micro_batch,
   }
@@ -287,7 +293,7 @@ def throughput(m: Measurement, device: dict, budget_end: float = float("inf")) -
     config.batch_size = batch
     started = time.time()
     try:
-      found.append(step_speed(config, m.steps))
+      found.append(step_speed(config, m.steps, m.rounds))
     except Exception as e:
       if not _is_oom(e):
         raise
@@ -341,7 +347,7 @@ def peer_speed(m: Measurement) -> dict:
   model = m.config_dict().model
   command = [sys.executable, "-m", "tools.peer_torch", "--model", m.peer]
   command += ["--batch", str(m.config_dict().batch_size), "--dtype", m.dtype]
-  command += ["--steps", str(m.steps), "--image-size", str(m.image_size)]
+  command += ["--steps", str(m.steps), "--rounds", str(m.rounds), "--image-size", str(m.image_size)]
   command += ["--num-classes", str(model.num_classes)]
   if m.peer == "vgg":
     command += ["--depth", str(model.depth), "--width", str(model.width)]
@@ -353,10 +359,11 @@ def peer_speed(m: Measurement) -> dict:
 
 def peer(m: Measurement, device: dict, theirs: dict) -> list[dict]:
   """Our step at the peer's batch and dtype, against the PyTorch step measured before."""
-  ours = step_speed(m.config_dict(), m.steps)
+  ours = step_speed(m.config_dict(), m.steps, m.rounds)
   numbers = {
     "batch_size": ours["batch_size"],
     "examples_per_sec": ours["examples_per_sec"],
+    **{k: v for k, v in ours.items() if k == "examples_per_sec_rounds"},
     "peer_examples_per_sec": theirs["examples_per_sec"],
     "ratio": ours["examples_per_sec"] / theirs["examples_per_sec"],
     "peer": theirs,

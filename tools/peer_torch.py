@@ -11,6 +11,7 @@ this only where `torch` imports (`torchvision` too, for Inception-v3).
 
 import argparse
 import json
+import statistics
 import time
 
 import torch
@@ -66,6 +67,7 @@ def main() -> None:
   parser.add_argument("--batch", type=int, required=True)
   parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
   parser.add_argument("--steps", type=int, default=50, help="timed steps, after 5 warm-up steps")
+  parser.add_argument("--rounds", type=int, default=1, help="timings of --steps; the median counts")
   parser.add_argument("--image-size", type=int, default=32)
   parser.add_argument("--num-classes", type=int, default=10)
   parser.add_argument("--depth", type=int, default=16)
@@ -96,16 +98,19 @@ def main() -> None:
   for _ in range(5):
     step()
   sync()
-  start = time.perf_counter()
-  for _ in range(args.steps):
-    step()
-  sync()
-  seconds = time.perf_counter() - start
+  speeds = []
+  for _ in range(args.rounds):
+    start = time.perf_counter()
+    for _ in range(args.steps):
+      step()
+    sync()
+    speeds.append(args.steps * args.batch / (time.perf_counter() - start))
   name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
   print(
     json.dumps(
       {
-        "examples_per_sec": args.steps * args.batch / seconds,
+        "examples_per_sec": statistics.median(speeds),
+        **({"examples_per_sec_rounds": speeds} if args.rounds > 1 else {}),
         "device": name,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),

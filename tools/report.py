@@ -8,7 +8,8 @@
 Parts, at GPU sizes (a CPU host runs the same parts at CPU sizes, so the report is tested):
   throughput  each training config's step, float32 and bfloat16, at its default global batch
               and at the largest that fits (or the largest timed before the budget ran out,
-              as its row says): examples/s, and FLOPs per step (XLA's CPU cost analysis of
+              as its row says): examples/s (on a GPU the median of 5 timings, their range
+              in the row), and FLOPs per step (XLA's CPU cost analysis of
               the step lowered with XLA's own ops: measure.model_flops) over the device's
               peak (MFU).
   peer        the same networks' training steps in PyTorch on the same device, when torch
@@ -77,16 +78,19 @@ def plan(scale: str, cores: int) -> list[Measurement]:
   )
   m = []
   if scale == "gpu":
-    m += _dtypes("throughput", "cifar_vgg", "VGG-16", vgg, steps=50, search_batch=True)
-    m += _dtypes("throughput", "cifar_keras_cnn", "Keras CNN", keras, steps=50, search_batch=True)
+    # A GPU's step takes milliseconds: 5 timings each, the median recorded
+    timed = dict(steps=50, rounds=5)
+    m += _dtypes("throughput", "cifar_vgg", "VGG-16", vgg, **timed, search_batch=True)
+    m += _dtypes("throughput", "cifar_keras_cnn", "Keras CNN", keras, **timed, search_batch=True)
     m += _dtypes(
-      "throughput", "inception_v3", "Inception-v3 299²", f"{inception}:synthetic", steps=30
-    )
-    m += _dtypes("peer", "vgg16_bn", "VGG-16-BN", vgg, steps=50, peer="vgg")
-    m += _dtypes("peer", "keras_cnn", "Keras CNN", keras, steps=50, peer="keras_cnn")
+      "throughput", "inception_v3", "Inception-v3 299²", f"{inception}:synthetic", steps=30,
+      rounds=5,
+    )  # fmt: skip
+    m += _dtypes("peer", "vgg16_bn", "VGG-16-BN", vgg, **timed, peer="vgg")
+    m += _dtypes("peer", "keras_cnn", "Keras CNN", keras, **timed, peer="keras_cnn")
     m += _dtypes(
       "peer", "inception_v3", "Inception-v3 299²", f"{inception}:synthetic", steps=30,
-      peer="inception_v3", image_size=299,
+      rounds=5, peer="inception_v3", image_size=299,
     )  # fmt: skip
     streamed = (("model.dtype", "bfloat16"), ("data_workers", cores), ("model.num_classes", 10))
     m.append(Measurement("streamed", "inception_v3", "Inception-v3", inception, streamed, steps=60))
@@ -137,8 +141,9 @@ def plan(scale: str, cores: int) -> list[Measurement]:
   elif scale == "tiny":
     smoke = "configs/cifar_vgg.py:smoke"
     m += _dtypes(
-      "throughput", "vgg_smoke", "VGG :smoke", smoke, steps=2, search_batch=True, search_up_to=2
-    )
+      "throughput", "vgg_smoke", "VGG :smoke", smoke, steps=2, rounds=2, search_batch=True,
+      search_up_to=2,
+    )  # fmt: skip
     m += _dtypes("peer", "vgg_smoke", "VGG :smoke", smoke, steps=2, peer="vgg")
     streamed = (
       ("augment", "inception_crop(32)|flip_lr"), ("eval_preprocess", "central_crop(32)"),

@@ -228,6 +228,14 @@ SEARCH_ENDS = {
 }
 
 
+def _speed(numbers: dict, field: str = "examples_per_sec") -> str:
+  """Examples/s, with the range of its timings where it is the median of several."""
+  text = f"{numbers[field]:,.1f}"
+  if rounds := numbers.get(f"{field}_rounds"):
+    text += f" ({min(rounds):,.0f}–{max(rounds):,.0f} in {len(rounds)} timings)"
+  return text
+
+
 def throughput_table(records: list[dict]) -> str:
   rows = []
   for r in (r for r in records if r["part"] == "throughput"):
@@ -239,7 +247,7 @@ def throughput_table(records: list[dict]) -> str:
         r["label"],
         r["dtype"],
         f"{n['batch_size']}{ended}",
-        f"{n['examples_per_sec']:,.1f}",
+        _speed(n),
         f"{n['flops_per_step'] / 1e9:,.1f}",
         mfu,
         f"{n['peak_tflops']:.4g} ({n['peak_source']})",
@@ -260,8 +268,8 @@ def peer_table(records: list[dict]) -> str:
         r["label"],
         r["dtype"],
         n["batch_size"],
-        f"{n['examples_per_sec']:,.1f}",
-        f"{n['peer_examples_per_sec']:,.1f}",
+        _speed(n),
+        _speed(n["peer"]),
         f"{n['ratio']:.2f}",
         f"PyTorch {r['versions'].get('torch', '?')}, {hardware(r)}, {r['date']}",
       ]

@@ -163,6 +163,10 @@ def test_the_throughput_part_records_speed_flops_and_the_largest_batch_tried(tmp
   for record in (default, largest):
     numbers = record["numbers"]
     assert numbers["examples_per_sec"] > 0 and numbers["flops_per_step"] > 0
+    rounds = numbers["examples_per_sec_rounds"]  # the steps timed twice, the median recorded
+    assert len(rounds) == 2 and numbers["examples_per_sec"] == sum(rounds) / 2
+    spread = f"{min(rounds):,.0f}–{max(rounds):,.0f} in 2 timings"
+    assert spread in results.throughput_table([record])
     assert 0 < numbers["mfu"] < 1 and numbers["peak_source"].startswith("measured")
   assert largest["numbers"]["flops_per_step"] > 1.9 * default["numbers"]["flops_per_step"]
   assert largest["search_end"] == "limit" and "search_end" not in default  # 2 × the default
@@ -210,7 +214,7 @@ def test_the_batch_search_records_the_largest_it_timed_and_why_it_ended_there(mo
   448 s, so it is not started. Out of memory at 256 ends the search there too."""
   clock, tried = [0.0], []
 
-  def step_speed(config, steps):
+  def step_speed(config, steps, rounds):
     tried.append(config.batch_size)
     if end == "memory" and config.batch_size == 256:
       raise RuntimeError("RESOURCE_EXHAUSTED: out of memory allocating 1 GB")
