@@ -363,7 +363,7 @@ def peer(m: Measurement, device: dict, theirs: dict) -> list[dict]:
   numbers = {
     "batch_size": ours["batch_size"],
     "examples_per_sec": ours["examples_per_sec"],
-    **{k: v for k, v in ours.items() if k == "examples_per_sec_rounds"},
+    **({"examples_per_sec_rounds": ours["examples_per_sec_rounds"]} if m.rounds > 1 else {}),
     "peer_examples_per_sec": theirs["examples_per_sec"],
     "ratio": ours["examples_per_sec"] / theirs["examples_per_sec"],
     "peer": theirs,

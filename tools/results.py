@@ -228,10 +228,10 @@ SEARCH_ENDS = {
 }
 
 
-def _speed(numbers: dict, field: str = "examples_per_sec") -> str:
+def _speed(numbers: dict) -> str:
   """Examples/s, with the range of its timings where it is the median of several."""
-  text = f"{numbers[field]:,.1f}"
-  if rounds := numbers.get(f"{field}_rounds"):
+  text = f"{numbers['examples_per_sec']:,.1f}"
+  if rounds := numbers.get("examples_per_sec_rounds"):
     text += f" ({min(rounds):,.0f}–{max(rounds):,.0f} in {len(rounds)} timings)"
   return text
 
