@@ -440,14 +440,7 @@ def _compiled_step(training: Training, rstate, first_batch, times: dict, echo, i
   evals too. Their compile times go into `times`; `step_from_cache`: the step was loaded from
   JAX's persistent compilation cache (an earlier launch compiled it)."""
   start, hits = time.perf_counter(), _CACHE_HITS[0]
-  # The run's step count and (one seed) its seed are arguments: a resume with more steps, or
-  # a run of another seed, loads the same program.
-  run = [np.int32(training.num_steps)]
-  if len(training.seeds) == 1:  # several seeds: steps.seeded has each seed's keys in the program
-    run.append(np.int32(training.seeds[0]))
-  run = [replicate(x) for x in run]
-  p_train_step = jax.pmap(training.train_step, axis_name=AXIS, donate_argnums=(0,))
-  compiled = p_train_step.lower(rstate, first_batch, *run).compile()
+  step, compiled = compile_step(training, rstate, first_batch)
   times["compile_sec"] = time.perf_counter() - start
   times["step_from_cache"] = _CACHE_HITS[0] > hits
   fit = seeds_that_fit(compiled, training.state, len(training.seeds))
@@ -464,7 +457,7 @@ def _compiled_step(training: Training, rstate, first_batch, times: dict, echo, i
   if training.warm_up:
     start = time.perf_counter()
     copy = jax.tree.map(lambda x: x.copy(), rstate)  # the step donates (consumes) its state
-    jax.block_until_ready(compiled(copy, first_batch, *run))
+    jax.block_until_ready(step(copy, first_batch))
     if inputs.compile_evals:
       inputs.evaluate(rstate, True)
     said += f"; ran each once to warm up in {time.perf_counter() - start:.1f} s"
@@ -472,7 +465,22 @@ def _compiled_step(training: Training, rstate, first_batch, times: dict, echo, i
     echo(said)
     if fit:
       echo(fit)
-  return lambda state, batch: compiled(state, batch, *run)
+  return step
+
+
+def compile_step(training: Training, rstate, first_batch):
+  """(step, its compiled program): the run's train step on every local device, compiled ahead
+  (or loaded from JAX's persistent cache); `step(state, batch)` returns (state, metrics) and
+  donates (consumes) the state passed in. What a run trains with, and what the benchmarks time.
+  The run's step count and (one seed) its seed are arguments: a resume with more steps, or a
+  run of another seed, loads the same program."""
+  run = [np.int32(training.num_steps)]
+  if len(training.seeds) == 1:  # several seeds: steps.seeded has each seed's keys in the program
+    run.append(np.int32(training.seeds[0]))
+  run = [replicate(x) for x in run]
+  p_train_step = jax.pmap(training.train_step, axis_name=AXIS, donate_argnums=(0,))
+  compiled = p_train_step.lower(rstate, first_batch, *run).compile()
+  return (lambda state, batch: compiled(state, batch, *run)), compiled
 
 
 def free_device_bytes() -> int:

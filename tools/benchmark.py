@@ -36,6 +36,7 @@ bench stopped early keeps what it measured.
 import argparse
 import contextlib
 import functools
+import itertools
 import json
 import os
 import statistics
@@ -55,7 +56,7 @@ from research.data import folder
 from research.errors import EXIT_USER_ERROR, UserError, exit_interrupted
 from research.inputs import replicate
 from research.steps import AXIS
-from research.train import setup, train_and_evaluate
+from research.train import compile_step, setup, train_and_evaluate
 
 GOALS = {"loop_efficiency": 0.97, "augmentation_overhead": 0.95}
 CONFIGS = ("configs/cifar_vgg.py", "configs/cifar_keras_cnn.py")
@@ -94,15 +95,19 @@ def time_steps(p_step, rstate, batches, steps: int, warmup: int = 3):
 
 
 def _bare(config):
-  """The config's training and its pmapped step alone (no logging, no fetches)."""
+  """(training, step, its compiled program, the replicated state, the batches): the config's
+  step as its run compiles it (train.compile_step), alone: no logging, no fetches."""
   training = setup(config)
-  return training, jax.pmap(training.train_step, axis_name=AXIS, donate_argnums=(0,))
+  rstate, batches = replicate(training.state), training.inputs.batches(0)
+  first = next(batches)
+  step, program = compile_step(training, rstate, first)
+  return training, step, program, rstate, itertools.chain([first], batches)
 
 
 def bare_step(config, steps: int) -> float:
   """Examples/s of the pmapped step alone on device-resident data: no logging, no fetches."""
-  training, p_step = _bare(config)
-  seconds, _ = time_steps(p_step, replicate(training.state), training.inputs.batches(0), steps)
+  _, step, _, rstate, batches = _bare(config)
+  seconds, _ = time_steps(step, rstate, batches, steps)
   return steps * config.batch_size / seconds
 
 
@@ -122,14 +127,13 @@ def _steady_examples_per_sec(config, seconds: float = 10.0) -> tuple[float, int]
   Five: the compile, then the steps in which the host heap grows to the step's peak (their
   memory is new to the process; see research/host_memory.py); the last one sizes the run.
   """
-  training, p_step = _bare(config)
-  rstate, batches = replicate(training.state), training.inputs.batches(0)
+  training, step, _, rstate, batches = _bare(config)
   for _ in range(5):
     start = time.perf_counter()
-    rstate, metrics = p_step(rstate, next(batches))
+    rstate, metrics = step(rstate, next(batches))
     jax.block_until_ready(metrics)
   steps = max(2, min(20, round(seconds / (time.perf_counter() - start))))
-  timed, _ = time_steps(p_step, rstate, batches, steps, warmup=0)
+  timed, _ = time_steps(step, rstate, batches, steps, warmup=0)
   return steps * config.batch_size / timed, training.micro_batch
 
 
@@ -162,8 +166,7 @@ def seeds_cost(path: str, small: bool, counts, rounds: int, seconds=6.0, **overr
     for mode in ("vmap", "unroll") if count > 1 else ("unroll",):
       name = f"{count} {mode}" if count > 1 else str(count)
       config = _config(path, small, seeds=count, seeds_mode=mode, **overrides)
-      training, p_step = _bare(config)
-      rstate, batches = replicate(training.state), training.inputs.batches(0)
+      _, p_step, _, rstate, batches = _bare(config)
       _, rstate = time_steps(p_step, rstate, batches, 1, warmup=4)  # compiled, the heap grown
       runs[name] = [p_step, rstate, batches, count]
   one_step = {}
@@ -217,10 +220,8 @@ def form_gains(path: str, variants: list[str], rounds: int, seconds: float = 6.0
   for name in variants:
     off, on = form_variants()[name]
     with steps_lib.without_cpu_forms(*off) if off else _nothing(), steps_lib.with_forms(*on):
-      training, p_step = _bare(_config(path, False))
-      rstate, batches = replicate(training.state), training.inputs.batches(0)
-      p_step = p_step.lower(rstate, next(batches)).compile()  # traced with these forms
-    programs[name] = p_step.as_text()
+      _, p_step, program, rstate, batches = _bare(_config(path, False))  # with these forms
+    programs[name] = program.as_text()
     if name != default and programs[name] == programs.get(default):
       continue
     per_step, rstate = time_steps(p_step, rstate, batches, 1, warmup=3)  # the heap grows

@@ -242,11 +242,9 @@ def model_flops(step, *args) -> float:
 def step_speed(config, steps: int, rounds: int = 1) -> dict:
   """Examples/s of the config's pmapped train step on device-resident data (the median of
   `rounds` timings of `steps` steps, each kept where there are several), and its FLOPs."""
-  import jax
 
   from research import train
   from research.inputs import replicate
-  from research.steps import AXIS
   from tools import benchmark
 
   config.update(
@@ -262,13 +260,12 @@ def step_speed(config, steps: int, rounds: int = 1) -> dict:
   batches = training.inputs.batches(0)
   first = next(batches)
   rstate = replicate(training.state)
-  p_step = jax.pmap(training.train_step, axis_name=AXIS, donate_argnums=(0,))
   flops = model_flops(training.train_step, rstate, first)
-  compiled = p_step.lower(rstate, first).compile()
+  step, _ = train.compile_step(training, rstate, first)  # the program a run of it trains with
   speeds = []
   for i in range(rounds):
     # Five warm-up steps: on CPU the first few grow the host heap (research/host_memory.py).
-    seconds, rstate = benchmark.time_steps(compiled, rstate, batches, steps, warmup=5 * (i == 0))
+    seconds, rstate = benchmark.time_steps(step, rstate, batches, steps, warmup=5 * (i == 0))
     speeds.append(steps * config.batch_size / seconds)
   return {
     "batch_size": config.batch_size,
