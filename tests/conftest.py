@@ -95,3 +95,36 @@ def streamed_config():
     return config
 
   return make
+
+
+@pytest.fixture
+def nan_after_step(monkeypatch):
+  """nan_after_step(n, seed=None): the run's step leaves NaN parameters behind in its n-th
+  call (as an update that overflowed), in every seed or in the seed at index `seed` alone. The
+  step is the run's usual program, compiled (or loaded) as any run's."""
+  import jax
+
+  from research import train
+
+  def arm(n: int, seed: int | None = None):
+    where = ... if seed is None else seed  # the step's state: on every device, seeds first
+    poison = jax.pmap(
+      lambda state: state.replace(
+        params=jax.tree.map(lambda p: p.at[where].set(np.nan), state.params)
+      )
+    )
+    compile_step = train._compiled_step
+
+    def compiled_step(*args):
+      step, taken = compile_step(*args), []
+
+      def diverging(state, batch):
+        state, metrics = step(state, batch)
+        taken.append(step)
+        return (poison(state) if len(taken) == n else state), metrics
+
+      return diverging
+
+    monkeypatch.setattr(train, "_compiled_step", compiled_step)
+
+  return arm
