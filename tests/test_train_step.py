@@ -59,6 +59,8 @@ def _one_step(state, images_u8, labels, n_devices, loss=None, augmentation="crop
   rngs = np.broadcast_to(jax.random.key_data(jax.random.key(1)), (n_devices, 2))
   batch = (split(images_u8), split(labels), jax.random.wrap_key_data(rngs))
   new_state, metrics = step(replicate(state, devices), batch)
+  for leaf in jax.tree.leaves(jax.device_get(new_state.params)):  # every replica's: the same
+    np.testing.assert_array_equal(leaf, np.broadcast_to(leaf[0], leaf.shape))
   return first_replica(new_state), first_replica(metrics)
 
 
@@ -79,7 +81,7 @@ def test_one_step_on_8_devices_equals_one_step_on_1(batch, optimizer, model):
   state = create_train_state(jax.random.key(0), None, model, (32, 32, 3), optimizer)
   one, metrics_one = _one_step(state, *batch, n_devices=1)
   eight, metrics_eight = _one_step(state, *batch, n_devices=8)
-
+  assert not np.allclose(jax.tree.leaves(eight.params)[0], jax.tree.leaves(state.params)[0])
   np.testing.assert_allclose(metrics_eight["loss"], metrics_one["loss"], rtol=1e-5)
   for a, b in zip(jax.tree.leaves(eight.params), jax.tree.leaves(one.params), strict=True):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
@@ -113,34 +115,6 @@ def test_the_auxiliary_head_trains_by_its_loss_weight_and_leaves_the_main_head_a
   assert not np.allclose(on.params["aux_head"]["kernel"], state.params["aux_head"]["kernel"])
   np.testing.assert_allclose(on.params["head"]["kernel"], off.params["head"]["kernel"], rtol=1e-6)
   assert metrics_on["loss"] > metrics_off["loss"]  # the weighted auxiliary loss is added
-
-
-def test_params_changed_and_replicas_agree(batch):
-  model = _vgg()
-  state = create_train_state(jax.random.key(0), None, model, (32, 32, 3), optax.sgd(0.1))
-  devices = jax.local_devices()
-  step = jax.pmap(
-    functools.partial(
-      train_step,
-      gather=_as_given,
-      augment=augment.build("crop(4)|flip_lr|standardize"),  # random, per example
-      loss=_loss(),
-      num_classes=10,
-    ),
-    axis_name=AXIS,
-  )
-  images, labels = batch
-  rngs = jax.random.wrap_key_data(
-    np.broadcast_to(jax.random.key_data(jax.random.key(1)), (len(devices), 2))
-  )
-  new_rstate, _ = step(
-    replicate(state), (images.reshape(8, 4, 32, 32, 3), labels.reshape(8, 4), rngs)
-  )
-  per_device = jax.device_get(new_rstate.params)
-  for leaf in jax.tree.leaves(per_device):
-    np.testing.assert_array_equal(leaf, np.broadcast_to(leaf[0], leaf.shape))
-  before, after = jax.tree.leaves(state.params)[0], jax.tree.leaves(per_device)[0][0]
-  assert not np.allclose(before, after)
 
 
 def _resident_takes(replicate_max_gb: float):
@@ -217,13 +191,12 @@ def test_micro_batches_take_the_step_of_the_whole_batch_dropout_included():
   assert training.micro_batch == 16
   whole = functools.partial(training.train_step, micro_batch=None)
   flat = lambda tree: np.concatenate([np.ravel(x) for x in jax.tree.leaves(tree)]).astype(float)
+  p_steps = [jax.pmap(step, axis_name=AXIS) for step in (training.train_step, whole)]
   for at_step in (0, 5):  # two steps' dropout masks and augmentation, each from the same start
     state = training.state.replace(step=at_step)
     taken = []
-    for step in (training.train_step, whole):
-      rstate, metrics = jax.pmap(step, axis_name=AXIS)(
-        replicate(state), next(training.inputs.batches(0))
-      )
+    for p_step in p_steps:
+      rstate, metrics = p_step(replicate(state), next(training.inputs.batches(0)))
       gradient = flat(state.params) - flat(first_replica(rstate.params))
       taken.append((first_replica(metrics)["loss"], gradient))
     (micro_loss, micro_gradient), (whole_loss, whole_gradient) = taken
