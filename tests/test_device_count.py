@@ -81,7 +81,7 @@ def test_the_inputs_are_bitwise_the_same_on_1_2_4_and_8_devices(config, mix):
 
 STEPS = 4
 # Every run here: STEPS steps, each logged. The uninterrupted runs also keep a checkpoint every
-# 2 steps, for the resume on 2 devices.
+# 2 steps, for the resume on 1 device.
 SETTINGS = {"num_train_steps": STEPS, "log_every_steps": 1}
 UNINTERRUPTED = {**SETTINGS, "checkpoint_every_steps": 2}
 
@@ -108,8 +108,9 @@ def _records(workdir):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
   """{(model, devices): (losses, final eval)} of uninterrupted runs, checkpointed at step 2,
-  and ("vgg", "8 then 2"): the 8-device run preempted after that checkpoint (its last
-  checkpoint gone) and resumed on 2 devices, with the resume's output."""
+  and ("vgg", "8 then 1"): the 8-device run preempted after that checkpoint (its last
+  checkpoint gone) and resumed on 1 device (the program of the run on 1), with the resume's
+  output."""
   root = tmp_path_factory.mktemp("device_count")
   done = {}
   for model, spec in CONFIGS.items():
@@ -120,11 +121,11 @@ def runs(tmp_path_factory):
     _train(root / f"{model}-1", spec, 1, UNINTERRUPTED)
     for devices in (8, 1):
       done[model, devices] = _records(root / f"{model}-{devices}")
-  resumed = root / "vgg-8-then-2"
+  resumed = root / "vgg-8-then-1"
   shutil.copytree(root / "vgg-8", resumed)
   shutil.rmtree(resumed / "checkpoints" / str(STEPS))
-  output = _train(resumed, CONFIGS["vgg"], 2, SETTINGS)
-  done["vgg", "8 then 2"] = (*_records(resumed), output)
+  output = _train(resumed, CONFIGS["vgg"], 1, SETTINGS)
+  done["vgg", "8 then 1"] = (*_records(resumed), output)
   return done
 
 
@@ -147,11 +148,11 @@ def test_a_short_run_on_1_device_is_the_run_on_8(runs, model):
 
 
 @pytest.mark.rounding
-def test_a_run_stopped_on_8_devices_and_resumed_on_2_ends_as_the_run_on_8(runs):
-  losses, final, output = runs["vgg", "8 then 2"]
+def test_a_run_stopped_on_8_devices_and_resumed_on_1_ends_as_the_run_on_8(runs):
+  losses, final, output = runs["vgg", "8 then 1"]
   (losses_8, eval_8) = runs["vgg", 8]
   assert "resumed from the checkpoint at step 2" in output
-  assert "this one on 2: the run continues as before" in output
+  assert "this one on 1: the run continues as before" in output
   np.testing.assert_allclose([losses[s] for s in losses_8], list(losses_8.values()), rtol=RTOL)
   assert final["eval_accuracy"] == eval_8["eval_accuracy"]
   np.testing.assert_allclose(final["eval_loss"], eval_8["eval_loss"], rtol=RTOL)
