@@ -21,6 +21,28 @@ def _run(args, tmp_path, wrapper=(), **env):
   return result
 
 
+@pytest.fixture
+def run_here(monkeypatch, capsys):
+  """research.main with `args` in this process, as `_run` gives its result. For bad input
+  stopped before anything runs a child process proves nothing more: the command line's own
+  exit code and output are checked by the tests that start one (`_run`)."""
+  from research import host_memory, main
+
+  # The worker's malloc and garbage collector stay as the suite has them.
+  monkeypatch.setattr(host_memory, "keep_freed_memory", lambda: False)
+  monkeypatch.setattr(main, "_freeze_start_up_objects", lambda: None)
+
+  def run(args, **env):
+    for name, value in env.items():
+      monkeypatch.setenv(name, value)
+    monkeypatch.setattr(sys, "argv", ["research.main", *args])
+    code = main.main()
+    output = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, output.out, output.err)
+
+  return run
+
+
 def _single_error_line(result) -> str:
   lines = [line for line in result.stderr.splitlines() if "Warning" not in line and line.strip()]
   assert result.returncode != 0
@@ -45,16 +67,16 @@ def _untouched(workdir):
   return sorted(p.name for p in workdir.iterdir()) == ["metrics.jsonl"]
 
 
-def test_unknown_config_field_suggests_near_names(tmp_path, workdir):
+def test_unknown_config_field_suggests_near_names(run_here, workdir):
   args = ["--config", SMOKE, f"--workdir={workdir}", "--config.batchsize=64"]
-  line = _single_error_line(_run(args, tmp_path))
+  line = _single_error_line(run_here(args))
   assert "batchsize" in line and "batch_size" in line
   assert _untouched(workdir)
 
 
-def test_batch_size_not_divisible_by_devices(tmp_path, workdir):
+def test_batch_size_not_divisible_by_devices(run_here, workdir):
   args = ["--config", SMOKE, f"--workdir={workdir}", "--config.batch_size=100"]
-  line = _single_error_line(_run(args, tmp_path))
+  line = _single_error_line(run_here(args))
   assert "batch_size=100 is not divisible by the 8 devices" in line
   assert _untouched(workdir)
 
@@ -73,19 +95,21 @@ def test_config_file_not_found(tmp_path):
     ("def get_config(arg=None):\n  return 1 / 0\n", ":2: ZeroDivisionError: division by zero"),
   ],
 )
-def test_a_config_file_that_does_not_run_is_one_line_naming_its_line(tmp_path, body, expected):
+def test_a_config_file_that_does_not_run_is_one_line_naming_its_line(
+  run_here, tmp_path, body, expected
+):
   config = tmp_path / "broken.py"
   config.write_text(body)
-  line = _single_error_line(_run(["--config", str(config)], tmp_path))
+  line = _single_error_line(run_here(["--config", str(config)]))
   assert line.startswith(f"error: {config}{expected}"), line
 
 
-def test_bad_value_type(tmp_path):
-  line = _single_error_line(_run(["--config", SMOKE, "--config.batch_size=lots"], tmp_path))
+def test_bad_value_type(run_here):
+  line = _single_error_line(run_here(["--config", SMOKE, "--config.batch_size=lots"]))
   assert "--config.batch_size: cannot parse 'lots' as an int" in line
 
 
-def test_dataset_not_found_offline_without_fallback(tmp_path, workdir):
+def test_dataset_not_found_offline_without_fallback(run_here, tmp_path, workdir):
   args = [
     "--config",
     SMOKE,
@@ -98,36 +122,36 @@ def test_dataset_not_found_offline_without_fallback(tmp_path, workdir):
     RESEARCH_CIFAR10_URL="file:///nonexistent/cifar-10-python.tar.gz",
     HOME=str(tmp_path),
   )
-  line = _single_error_line(_run(args, tmp_path, **env))
+  line = _single_error_line(run_here(args, **env))
   assert "CIFAR-10 not found offline" in line and "--config.data_dir" in line
   assert _untouched(workdir)
 
 
-def test_corrupt_archive(tmp_path, workdir):
+def test_corrupt_archive(run_here, tmp_path, workdir):
   garbage = tmp_path / "cifar-10-python.tar.gz"
   garbage.write_bytes(b"\x1f\x8b" + b"junk" * 1000)
   args = ["--config", SMOKE, f"--workdir={workdir}", "--config.dataset=cifar10"]
-  line = _single_error_line(_run([*args, f"--config.data_dir={garbage}"], tmp_path))
+  line = _single_error_line(run_here([*args, f"--config.data_dir={garbage}"]))
   assert "corrupt or truncated" in line
   assert _untouched(workdir)
 
 
-def test_different_experiment_in_existing_workdir_is_refused(tmp_path, workdir):
+def test_different_experiment_in_existing_workdir_is_refused(run_here, workdir):
   (workdir / "config.json").write_text('{"batch_size": 8, "model": {"name": "vgg"}}')
-  line = _single_error_line(_run(["--config", SMOKE, f"--workdir={workdir}"], tmp_path))
+  line = _single_error_line(run_here(["--config", SMOKE, f"--workdir={workdir}"]))
   assert "different config" in line and "--allow_config_change" in line
   (workdir / "config.json").write_text('{"experiment": "train", "model": {"name": "vgg"}}')
   conv2d = ["--config", "configs/conv2d_scaling.py:smoke", f"--workdir={workdir}"]
-  line = _single_error_line(_run([*conv2d, "--allow_config_change"], tmp_path))
+  line = _single_error_line(run_here([*conv2d, "--allow_config_change"]))
   assert line.endswith("holds a 'train' experiment, not 'conv2d_scaling'; use a new --workdir")
   assert sorted(p.name for p in workdir.iterdir()) == ["config.json", "metrics.jsonl"]
   assert "conv2d" not in (workdir / "config.json").read_text()
 
 
 @pytest.mark.skipif(not os.access("/proc", os.W_OK), reason="/proc is not writable: not root")
-def test_a_workdir_that_cannot_be_made_is_one_error_line(tmp_path):
+def test_a_workdir_that_cannot_be_made_is_one_error_line(run_here):
   """/proc passes the permission check (for root) but refuses new directories."""
-  line = _single_error_line(_run(["--config", SMOKE, "--workdir=/proc/research-run"], tmp_path))
+  line = _single_error_line(run_here(["--config", SMOKE, "--workdir=/proc/research-run"]))
   assert line.startswith("error: cannot create --workdir=/proc/research-run (")
 
 
