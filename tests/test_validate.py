@@ -224,16 +224,15 @@ def test_synthetic_data_has_ten_classes_or_the_model_s_if_fewer(num_classes, cla
 def test_evals_and_checkpoints_in_epochs_keep_their_schedule_when_the_batch_size_changes(
   tmp_path,
 ):
-  config = configuration.load(SMOKE)  # 1024 training examples
-  config.update(eval_every_epochs=1.0, checkpoint_every_epochs=2.0, num_train_steps=24)
-  config.batch_size = 128  # 8 steps an epoch
+  config = configuration.load(SMOKE)  # 1024 training examples, batch 64: 16 steps an epoch
+  config.update(eval_every_epochs=0.5, checkpoint_every_epochs=1.0, num_train_steps=24)
   train_and_evaluate(config, str(tmp_path))
   records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in records if "eval_accuracy" in r] == [8, 16, 24]
   assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()) == [16, 24]
-  config.batch_size = 64  # 16 steps an epoch: the same epochs are other steps
+  config.batch_size = 128  # 8 steps an epoch: the same epochs are other steps
   training = setup(config)
-  assert (training.eval_every, training.checkpoint_every) == (16, 32)
+  assert (training.eval_every, training.checkpoint_every) == (4, 8)
   config.update(eval_every_steps=5, checkpoint_every_epochs=0.0)  # steps win, as for length
   training = setup(config)
   assert (training.eval_every, training.checkpoint_every) == (5, 0)
