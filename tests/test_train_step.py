@@ -70,12 +70,18 @@ def batch():
   return rng.integers(0, 256, (32, 32, 32, 3), dtype=np.uint8), rng.integers(0, 10, 32)
 
 
-# Adam's first update is lr * g / (|g| + eps): for gradients at float noise level (1e-9) it is
-# ±lr on either side, so eps is raised above that noise; the comparison stays exact otherwise.
+# Each model with one optimizer: the models bring BatchNorm (statistics of the global batch)
+# and dropout (each example's own draws); the optimizers a state that follows the averaged
+# gradient (momentum) and an update that divides by it (Adam). Adam's first update is
+# lr * g / (|g| + eps): for gradients at float noise level (1e-9) it is ±lr on either side, so
+# eps is raised above that noise; the comparison stays exact otherwise.
 @pytest.mark.rounding
-@pytest.mark.parametrize("optimizer", [optax.sgd(0.1, momentum=0.9), optax.adam(1e-3, eps=1e-4)])
-@pytest.mark.parametrize("model", ["vgg", "keras_cnn"])  # BatchNorm; dropout
-def test_one_step_on_8_devices_equals_one_step_on_1(batch, optimizer, model):
+@pytest.mark.parametrize(
+  "model, optimizer",
+  [("vgg", optax.sgd(0.1, momentum=0.9)), ("keras_cnn", optax.adam(1e-3, eps=1e-4))],
+  ids=["vgg-sgd_momentum", "keras_cnn-adam"],
+)
+def test_one_step_on_8_devices_equals_one_step_on_1(batch, model, optimizer):
   config = ml_collections.ConfigDict(dict(name=model, num_classes=10, dtype="float32"))
   model = _vgg() if model == "vgg" else models.create(config, AXIS)
   state = create_train_state(jax.random.key(0), None, model, (32, 32, 3), optimizer)
