@@ -70,10 +70,12 @@ def test_not_prepared_dataset_is_a_clear_error_and_nothing_else(tmp_path, caplog
 
 
 @pytest.fixture
-def mock_imagenet_config(streamed_config):
+def mock_tfds_config(streamed_config):
+  """Imagenette as tfds prepares it, mocked: ImageNet's layout with 10 classes, so its step is
+  the program that tests/test_folder.py streams its folder with."""
+
   def make(**overrides):
-    config = streamed_config(dataset="imagenet2012", num_train_steps=12, log_every_steps=4)
-    config.model.num_classes = 1000
+    config = streamed_config(dataset="imagenette", num_train_steps=12, log_every_steps=4)
     config.update(overrides)
     return config
 
@@ -86,10 +88,10 @@ def _waits(workdir):
 
 
 def test_streamed_training_decodes_on_two_workers_and_evaluates_the_whole_split(
-  tmp_path, mock_imagenet_config
+  tmp_path, mock_tfds_config
 ):
   with tfds.testing.mock_data(num_examples=40):
-    final = train_and_evaluate(mock_imagenet_config(data_workers=2), str(tmp_path))
+    final = train_and_evaluate(mock_tfds_config(data_workers=2), str(tmp_path))
   assert final["eval_examples"] == 40
   assert (tmp_path / "augmented_batch.png").exists()
 
@@ -107,15 +109,15 @@ SHORT = dict(num_train_steps=8, log_every_steps=2)  # the input wait of steps 3-
 
 
 def test_slow_input_makes_input_wait_high_and_fast_input_keeps_it_low(
-  tmp_path, monkeypatch, mock_imagenet_config
+  tmp_path, monkeypatch, mock_tfds_config
 ):
   with tfds.testing.mock_data(num_examples=40):
-    train_and_evaluate(mock_imagenet_config(**SHORT), str(tmp_path / "fast"))
+    train_and_evaluate(mock_tfds_config(**SHORT), str(tmp_path / "fast"))
     decode = streaming.TfdsImages.__getitem__
     monkeypatch.setattr(
       streaming.TfdsImages, "__getitem__", lambda self, i: (_burn_cpu(0.03), decode(self, i))[1]
     )
-    train_and_evaluate(mock_imagenet_config(**SHORT), str(tmp_path / "slow"))
+    train_and_evaluate(mock_tfds_config(**SHORT), str(tmp_path / "slow"))
   fast, slow = _waits(tmp_path / "fast"), _waits(tmp_path / "slow")
   assert max(slow) > 0.5, slow  # 16 images × 30 ms of decoding per step dominate
   assert min(slow) > max(fast), (slow, fast)
