@@ -261,7 +261,8 @@ def test_paths_are_read_from_where_the_command_was_started(tmp_path):
     [str(ROOT / "launch.sh"), *args], cwd=tmp_path, capture_output=True, text=True, env=env
   )
   data = ["--config.dataset=folder", "--config.data_dir=data", "--config.num_train_steps=2"]
-  data += ["--config.batch_size=32", "--config.eval_batch_size=32"]  # tests/test_folder.py's
+  # test_folder.py's batches on this slice: the steps it compiles, loaded here
+  data += ["--config.batch_size=32", "--config.eval_batch_size=32"]
   trained = launch(config, "--workdir=run", *data, "--config.eval_every_steps=0")
   assert trained.returncode == 0, trained.stderr
   recorded = json.loads((tmp_path / "run" / "config.json").read_text())
