@@ -12,7 +12,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from research import augment, configuration, optim, steps, validate
+from research import augment, configuration, cpu_forms, optim, steps, validate
 from research.errors import UserError
 from research.inputs import first_replica, replicate
 from research.models import speedrun
@@ -83,7 +83,7 @@ def test_the_frozen_whitening_kernel_is_not_differentiated(training):
   state = replicate(training.state)
 
   def convolutions(step):
-    with steps.without_cpu_forms():
+    with cpu_forms.without_cpu_forms():
       text = jax.pmap(step, axis_name=AXIS).lower(state, batch).as_text()
     return text.count("stablehlo.convolution")
 

@@ -13,7 +13,7 @@ import optax
 import pytest
 from jax import lax
 
-from research import augment, configuration, inputs, losses, models, steps
+from research import augment, configuration, cpu_forms, inputs, losses, models, steps
 from research.data import ImageDataset
 from research.inputs import first_replica, replicate
 from research.steps import AXIS, create_train_state, train_step
@@ -221,7 +221,7 @@ def test_micro_batches_take_the_step_of_the_whole_batch_dropout_included():
 def test_the_cpu_convolution_has_xla_s_value_and_gradients(size, kernel, strides, padding):
   images = jax.random.normal(jax.random.key(0), (4, size, size, 5))
   grads = []
-  for conv_fn in (lax.conv_general_dilated, steps.conv_general_dilated):
+  for conv_fn in (lax.conv_general_dilated, cpu_forms.conv_general_dilated):
     conv = flax.linen.Conv(6, kernel, strides, padding, conv_general_dilated=conv_fn)
     params = jax.jit(conv.init)(jax.random.key(1), images)
     loss = lambda p, x, conv=conv: jnp.sum(jnp.sin(conv.apply(p, x)))
@@ -234,7 +234,7 @@ def test_the_cpu_convolution_has_xla_s_value_and_gradients(size, kernel, strides
 
 
 def test_a_plain_flax_conv_takes_the_cpu_form_only_inside_applied():
-  """Inside `steps.cpu_forms_applied()`, an `nn.Conv` as any flax model writes it computes its
+  """Inside `cpu_forms.cpu_forms_applied()`, an `nn.Conv` as any flax model writes it computes its
   kernel gradient as matrix products; outside, XLA differentiates its convolution."""
   conv = flax.linen.Conv(4, (3, 3))
   images = jnp.ones((2, 8, 8, 3))
@@ -248,7 +248,7 @@ def test_a_plain_flax_conv_takes_the_cpu_form_only_inside_applied():
     return str(jax.make_jaxpr(jax.grad(loss))(params)).count("dot_general[")
 
   assert products(contextlib.nullcontext) == 0
-  assert products(steps.cpu_forms_applied) > 0
+  assert products(cpu_forms.cpu_forms_applied) > 0
 
 
 @pytest.mark.parametrize("size", [30, 13])  # 13: the last row and column are not pooled
@@ -258,7 +258,7 @@ def test_the_cpu_max_pool_has_xla_s_value_and_gradient_ties_included(size):
   weights = jax.random.normal(jax.random.key(1), (size // 2, size // 2, 8))
   losses = [
     lambda x: jnp.sum(jnp.sin(flax.linen.max_pool(x, (2, 2), strides=(2, 2)) * weights)),
-    lambda x: jnp.sum(jnp.sin(steps.max_pool(x, 2) * weights)),
+    lambda x: jnp.sum(jnp.sin(cpu_forms.max_pool(x, 2) * weights)),
   ]
   (value, grad), (ours, ours_grad) = [jax.value_and_grad(loss)(images) for loss in losses]
   assert ours == value
@@ -270,12 +270,12 @@ def test_off_cpu_a_form_is_used_only_where_switched_on(monkeypatch):
   `with_forms` switches the form on, as the benchmark does to measure it there; on, it is the
   select per window, with XLA's values."""
   images = jax.random.randint(jax.random.key(0), (2, 8, 8, 4), 0, 3).astype(jnp.float32)
-  loss = lambda x: jnp.sum(jnp.sin(steps.max_pool(x, 2)))
+  loss = lambda x: jnp.sum(jnp.sin(cpu_forms.max_pool(x, 2)))
   xla_grad = jax.grad(lambda x: jnp.sum(jnp.sin(flax.linen.max_pool(x, (2, 2), (2, 2)))))
   monkeypatch.setattr(steps.jax, "default_backend", lambda: "gpu")  # what steps.py reads
 
   def gradient(*forms):
-    with steps.with_forms(*forms):
+    with cpu_forms.with_forms(*forms):
       return str(jax.make_jaxpr(jax.grad(loss))(images)), jax.grad(loss)(images)
 
   (plain, _), (switched, grad) = gradient(), gradient("max_pool_gradient")

@@ -48,9 +48,8 @@ import jax
 import numpy as np
 from PIL import Image
 
-from research import configuration, host_memory, host_workers
+from research import configuration, cpu_forms, host_memory, host_workers
 from research import inputs as inputs_lib
-from research import steps as steps_lib
 from research import workdir as workdir_lib
 from research.data import folder
 from research.errors import EXIT_USER_ERROR, UserError, exit_interrupted
@@ -142,7 +141,7 @@ def cpu_steps(path: str) -> dict:
   rows = {}
   for batch in (128, 256):
     per_device = batch // jax.device_count()
-    with steps_lib.without_cpu_forms():
+    with cpu_forms.without_cpu_forms():
       xla, _ = _steady_examples_per_sec(
         _config(path, False, batch_size=batch, micro_batch_size=per_device)
       )
@@ -202,7 +201,7 @@ def form_variants() -> dict:
   """{name: (the forms switched off, the forms switched on)}, the backend's default first. On
   CPU, where the forms are on: all, each off alone, none (XLA's own ops). Elsewhere, where
   XLA's own ops run: none, each on alone, all."""
-  forms = steps_lib.CPU_FORMS
+  forms = cpu_forms.CPU_FORMS
   if jax.default_backend() == "cpu":
     return {"all": ((), ()), **{f"no {f}": ((f,), ()) for f in forms}, "none": (forms, ())}
   return {"none": ((), ()), **{f"only {f}": ((), (f,)) for f in forms}, "all": ((), forms)}
@@ -219,7 +218,7 @@ def form_gains(path: str, variants: list[str], rounds: int, seconds: float = 6.0
   compiled, programs = {}, {}
   for name in variants:
     off, on = form_variants()[name]
-    with steps_lib.without_cpu_forms(*off) if off else _nothing(), steps_lib.with_forms(*on):
+    with cpu_forms.without_cpu_forms(*off) if off else _nothing(), cpu_forms.with_forms(*on):
       _, p_step, program, rstate, batches = _bare(_config(path, False))  # with these forms
     programs[name] = program.as_text()
     if name != default and programs[name] == programs.get(default):

@@ -223,6 +223,7 @@ def model_flops(step, *args) -> float:
   import jax
   from jax._src.lib import _jax  # what Lowered.cost_analysis calls where it can
 
+  from research import cpu_forms
   from research import steps as steps_lib
 
   try:
@@ -233,7 +234,7 @@ def model_flops(step, *args) -> float:
     ) from None
   # A function of its own: JAX caches a function's traces, and `step`'s must stay the forms'.
   counted = jax.pmap(lambda *a: step(*a), axis_name=steps_lib.AXIS)
-  with steps_lib.without_cpu_forms():
+  with cpu_forms.without_cpu_forms():
     hlo = counted.lower(*args).compiler_ir("hlo").as_hlo_module()
   cost = _jax.hlo_module_cost_analysis(cpu, hlo)
   return float(cost.get("flops", 0.0)) * jax.local_device_count()

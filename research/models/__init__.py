@@ -10,7 +10,7 @@ replicas: a model copied from a flax codebase that names 'batch' itself runs as 
 Dropout draws from the "dropout" rng collection. The step applies its own forms from outside
 the model (research/steps.py: a dropout mask per example; its CPU forms: faster
 convolutions on CPU). Only max-pooling, a function no interceptor reaches, is called by name:
-the shipped models use `steps.max_pool`. The loss is the config's (research/losses.py).
+the shipped models use `cpu_forms.max_pool`. The loss is the config's (research/losses.py).
 
 A model may also compute part of its initial parameters from training images: its module
 then defines `init_from_data(model_config, params, images) -> params`, given

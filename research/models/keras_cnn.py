@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from research import models
-from research.steps import max_pool  # nn.max_pool, its gradient faster on CPU
+from research.cpu_forms import max_pool  # nn.max_pool, its gradient faster on CPU
 
 
 class KerasCNN(nn.Module):

@@ -24,7 +24,7 @@ import numpy as np
 from jax import lax
 
 from research import models
-from research.steps import max_pool  # nn.max_pool, its gradient faster on CPU
+from research.cpu_forms import max_pool  # nn.max_pool, its gradient faster on CPU
 
 WHITEN = 2  # pixels per side of the whitening patches
 

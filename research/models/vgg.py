@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import ml_collections
 
 from research import models
+from research.cpu_forms import max_pool  # nn.max_pool, its gradient faster on CPU
 from research.errors import UserError
-from research.steps import max_pool  # nn.max_pool, its gradient faster on CPU
 
 # Channels per conv; "M" is a 2×2 max-pool. Five pools take 32×32 down to 1×1.
 STAGES = {
