@@ -63,6 +63,9 @@ def training_defaults() -> ml_collections.ConfigDict:
   c.augment = "crop(4)|flip_lr|standardize"
   c.eval_preprocess = "standardize"  # deterministic ops only
 
+  # The train step, registered (research/steps.py): "standard", or a fork's (docs/extending.md)
+  c.step = "standard"
+
   # Optimizer (optax).
   c.optimizer = "sgd"  # registered (research/optim.py): "sgd", "adam", "rmsprop", "muon", ...
   c.learning_rate = 0.1  # peak, at the global batch lr_batch_size

@@ -17,6 +17,12 @@ TRAIN_SCALARS = (
   "param_norm",
   "grad_norm",
 )
+RECORD_KEYS = ("step", "elapsed_sec", "eta_sec", "per_seed", "dataset_used", "time")
+
+
+def step_metrics(record: dict) -> list[str]:
+  """The names of the metrics a fork's step adds to a train record, beyond TRAIN_SCALARS."""
+  return [k for k in record if k not in TRAIN_SCALARS + RECORD_KEYS and not k.endswith("_std")]
 
 
 def duration(seconds: float) -> str:
@@ -52,6 +58,7 @@ def format_train_line(record: dict) -> str:
     f" accuracy {_spread(record, 'accuracy', 3)}, input wait "
     f"{100 * record['input_wait_fraction']:.1f}%,"
     f" elapsed {duration(record['elapsed_sec'])}, ETA {duration(record['eta_sec'])}"
+    + "".join(f", {name} {_spread(record, name, 4)}" for name in step_metrics(record))
   )
 
 
@@ -133,7 +140,7 @@ class MetricsLog:
       return
     self.echo(format_train_line(record))
     self._append(record)
-    for name in TRAIN_SCALARS:
+    for name in TRAIN_SCALARS + tuple(step_metrics(record)):
       self.writer.add_scalar(f"train/{name}", record[name], record["step"])
     self._per_seed("train", record)
 

@@ -6,7 +6,9 @@ shard it gathers from, or a batch host workers decoded and prefetched. On XLA:CP
 traces in research/cpu_forms.py's forms of its convolutions and max-pools.
 """
 
+import dataclasses
 import functools
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import flax.linen as nn
@@ -19,6 +21,7 @@ from jax import lax
 
 from research.cpu_forms import cpu_forms_applied
 from research.errors import UserError
+from research.registry import Registry
 
 # The one pmap axis: every lax.pmean/psum and every BatchNorm names it. 'batch', as flax's
 # examples name theirs: a model copied from them runs as written.
@@ -129,11 +132,17 @@ def micro_batch_size(configured: int, per_device_batch: int, batch_norm: bool, b
   return CPU_MICRO_BATCH if auto else per_device_batch
 
 
+# The rng collection nn.Dropout's per-example masks draw from: the step's key itself, the same
+# on every device and micro-batch (each example folds in its own position).
+PER_EXAMPLE = "per_example"
+
+
 def dropout_per_example(index):
-  """A context in which every `nn.Dropout` draws each example's mask from its key and the
-  example's `index` [batch] (its position in the step's global batch), so a step drops the
+  """A context in which every `nn.Dropout` draws each example's mask from the step's key and
+  the example's `index` [batch] (its position in the step's global batch), so a step drops the
   same units on any device count, and split into micro-batches as the whole batch would. A
-  dropout that shares one mask over the batch (`broadcast_dims` with 0) runs as flax has it."""
+  dropout that shares one mask over the batch (`broadcast_dims` with 0) runs as flax has it,
+  from its slice's key (`Run.forward`)."""
 
   def interceptor(next_fun, args, kwargs, context):
     if not (isinstance(context.module, nn.Dropout) and context.method_name == "__call__"):
@@ -153,102 +162,157 @@ def _dropout(dropout: nn.Dropout, index, next_fun, inputs, deterministic=None, r
   if deterministic or dropout.rate in (0.0, 1.0) or not per_example:
     return next_fun(inputs, deterministic, rng)
   keep = 1.0 - dropout.rate
-  key = dropout.make_rng(dropout.rng_collection) if rng is None else rng
+  key = dropout.make_rng(PER_EXAMPLE) if rng is None else rng
   draw = lambda i: jax.random.bernoulli(jax.random.fold_in(key, i), keep, shape[1:])
   mask = jax.vmap(draw)(index)  # [batch, ...]: one mask per example
   return jnp.where(mask, inputs / keep, jnp.zeros_like(inputs))
 
 
-def train_step(
-  state,
-  batch,
-  horizon=None,
-  seed=None,
-  *,
-  gather,
-  augment,
-  loss,
-  num_classes: int,
-  micro_batch=None,
-  loss_scale=1.0,
-  frozen=None,
-  optimizer=None,
-):
-  """One optimizer step on this device's part of the global batch.
+# --- the train step: registered by name, chosen by config.step ------------------------------------
+# register(name) on `step(state, batch, run: Run) -> (state, metrics)`, written for ONE device:
+# `run` holds the run's pieces (below), metrics are scalars averaged over the devices
+# (lax.pmean); each reaches the log lines, metrics.jsonl and TensorBoard.
+STEPS = Registry("train step", "step")
+register = STEPS.register
 
-  Args:
-    batch: this device's batch; `gather(step, batch)` gives the step's `Examples`.
-    horizon: the run's step count, which the optimizer's schedules end at (int32), given to
-      `optimizer`: an argument of the compiled step, not a constant of it, so that runs of any
-      length (a resume with more steps, another num_epochs) share one compiled step.
-    seed: the run's seed (an int, traced or not): the step draws its key and its examples'
-      keys from that run's (`gather`'s `step_key` and `augment`'s `seed` taken from it), so
-      that runs of any seed share one compiled step; None: the keys they were built with.
-    optimizer: `horizon -> optax.GradientTransformation` (None: `state.tx`; a horizon of None:
-      the optimizer's own).
-    loss: `(logits, targets, intermediates) -> [batch]` per-example losses (research/models).
-    micro_batch: examples per forward/backward pass (`micro_batch_size`; None: all at once).
-    loss_scale: the gradient is that of the mean loss over the global batch times this
-      (the global batch size: the summed loss, `loss_reduction="sum"`); the logged loss is
-      the mean.
-    frozen: True for each parameter no update changes (optim.frozen_mask; None: none); they
-      are not differentiated, and their gradient is zero.
-  """
-  if seed is not None:
-    gather = functools.partial(gather, step_key=run_keys(seed)[2])
-    augment = functools.partial(augment, seed=seed)
-  ex = gather(state.step, batch)
-  targets = jax.nn.one_hot(ex.labels, num_classes)  # [per_device_batch, classes]
-  (images, targets), positions, dropout_rng = _augmented(ex, augment, targets=targets)
-  per_device_batch = targets.shape[0]
-  micro_batch = micro_batch or per_device_batch
-  n_micro = per_device_batch // micro_batch
 
-  def loss_fn(params, batch_stats, part):
-    if frozen is not None:  # their gradients' convolutions and products are never traced
-      params = jax.tree.map(lambda p, f: lax.stop_gradient(p) if f else p, params, frozen)
+class Batch(NamedTuple):
+  """A step's examples on this device, augmented (`Run.examples`)."""
+
+  images: Any  # [per_device_batch, H, W, C] float, as the model sees them
+  targets: Any  # [per_device_batch, num_classes] class probabilities (mixed by mixup/cutmix)
+  labels: Any  # [per_device_batch] int32: each example's own class
+  positions: Any  # [per_device_batch] int32: places in the step's global batch
+  rng: Any  # the step's key for the model's draws, the same on every device
+
+
+class Gradients(NamedTuple):
+  """What `Run.gradients` gives: this device's part, not yet averaged over the devices."""
+
+  grads: Any  # of the mean loss over the global batch (times loss_scale), this device's share
+  batch_stats: Any  # the BatchNorm statistics the forward passes left (global: BatchNorm's own)
+  metrics: dict  # {"loss": mean over this device's examples, "accuracy": ...}
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """The pieces a train step is built from, bound once per run; `horizon` (the run's step
+  count, which schedules end at) and `seed` are the compiled step's arguments (traced), so
+  that runs of any length and seed share one compiled step."""
+
+  gather: Callable  # (step, batch) -> Examples: this device's examples (research/inputs.py)
+  augment: Callable  # research/augment.py build: the config's augmentation
+  loss: Callable  # (logits, targets, intermediates) -> [batch] per-example losses
+  num_classes: int
+  config: Any = None  # the run's config: fields a fork's step reads (config.sam_rho)
+  micro_batch: int | None = None  # examples per forward/backward pass (None: all at once)
+  # The gradient is that of the mean loss over the global batch times this (the global batch
+  # size: the summed loss, `loss_reduction="sum"`); the logged loss is the mean.
+  loss_scale: float = 1.0
+  frozen: Any = None  # True for each parameter no update changes (optim.frozen_mask)
+  optimizer: Callable | None = None  # horizon -> optax transformation (None: state.tx)
+  horizon: Any = None  # int32; None: the optimizer's own
+  seed: Any = None  # None: the keys gather and augment were built with
+
+  def examples(self, state, batch) -> Batch:
+    """This device's examples of the step `state` is at, augmented as the step draws them:
+    each example's draws keyed by its place in the global batch, never by the device."""
+    gather, augment = self.gather, self.augment
+    if self.seed is not None:  # the seed's keys: gather's step key, augment's example keys
+      gather = functools.partial(gather, step_key=run_keys(self.seed)[2])
+      augment = functools.partial(augment, seed=self.seed)
+    ex = gather(state.step, batch)
+    targets = jax.nn.one_hot(ex.labels, self.num_classes)  # [per_device_batch, classes]
+    (images, targets), positions, rng = _augmented(ex, augment, targets=targets)
+    return Batch(images, targets, ex.labels, positions, rng)
+
+  def forward(self, state, params, batch_stats, ex: Batch, part=slice(None), train=True):
+    """(logits, updated collections) of the model on `ex`'s examples `part`. Every random
+    stream the model asks for (`make_rng` of any collection) is the step's key folded with the
+    slice's first global position: it differs per device and micro-batch; `nn.Dropout` draws
+    one mask per example (`dropout_per_example`), the same on any device count."""
+    if self.frozen is not None:  # their gradients' convolutions and products are never traced
+      params = jax.tree.map(lambda p, f: lax.stop_gradient(p) if f else p, params, self.frozen)
+    slice_key = jax.random.fold_in(ex.rng, ex.positions[part][0])
+    rngs = {"dropout": slice_key, "params": slice_key, PER_EXAMPLE: ex.rng}
     # The model as written; from outside it, dropout per example and (on CPU) the CPU forms.
-    with dropout_per_example(positions[part]), cpu_forms_applied():
-      logits, updates = state.apply_fn(
+    with dropout_per_example(ex.positions[part]), cpu_forms_applied():
+      return state.apply_fn(
         {"params": params, "batch_stats": batch_stats},
-        images[part],
-        train=True,
-        rngs={"dropout": dropout_rng},
+        ex.images[part],
+        train=train,
+        rngs=rngs,
         mutable=["batch_stats", "intermediates"],
       )
-    losses = loss(logits, targets[part], updates.get("intermediates", {}))
-    correct = jnp.sum(logits.argmax(-1) == ex.labels[part])  # each example's own label
-    return losses.mean() * loss_scale / n_micro, (correct, updates.get("batch_stats", {}))
 
-  total, correct, grads, batch_stats = 0.0, 0, None, state.batch_stats
-  # A Python loop, unrolled when traced: XLA:CPU runs the micro-batches' independent
-  # convolutions side by side on its cores (a lax.scan runs them one after another).
-  for start in range(0, per_device_batch, micro_batch):
-    part = slice(start, start + micro_batch)
-    (part_loss, (part_correct, batch_stats)), part_grads = jax.value_and_grad(
-      loss_fn, has_aux=True
-    )(state.params, batch_stats, part)
-    grads = part_grads if grads is None else jax.tree.map(jnp.add, grads, part_grads)
-    total, correct = total + part_loss, correct + part_correct
+  def gradients(self, state, params, ex: Batch) -> Gradients:
+    """The forward pass, the loss and its gradient at `params` on this device's examples, a
+    micro-batch at a time (the whole batch's gradient, to float rounding)."""
+    per_device_batch = ex.labels.shape[0]
+    micro_batch = self.micro_batch or per_device_batch
+    n_micro = per_device_batch // micro_batch
+
+    def loss_fn(params, batch_stats, part):
+      logits, updates = self.forward(state, params, batch_stats, ex, part)
+      losses = self.loss(logits, ex.targets[part], updates.get("intermediates", {}))
+      correct = jnp.sum(logits.argmax(-1) == ex.labels[part])  # each example's own label
+      scaled = losses.mean() * self.loss_scale / n_micro
+      return scaled, (correct, updates.get("batch_stats", {}))
+
+    total, correct, grads, batch_stats = 0.0, 0, None, state.batch_stats
+    # A Python loop, unrolled when traced: XLA:CPU runs the micro-batches' independent
+    # convolutions side by side on its cores (a lax.scan runs them one after another).
+    for start in range(0, per_device_batch, micro_batch):
+      part = slice(start, start + micro_batch)
+      (part_loss, (part_correct, batch_stats)), part_grads = jax.value_and_grad(
+        loss_fn, has_aux=True
+      )(params, batch_stats, part)
+      grads = part_grads if grads is None else jax.tree.map(jnp.add, grads, part_grads)
+      total, correct = total + part_loss, correct + part_correct
+    metrics = {"loss": total / self.loss_scale, "accuracy": correct / per_device_batch}
+    return Gradients(grads, batch_stats, metrics)
+
+  def update(self, state, grads, batch_stats):
+    """`state` after the optimizer's update by `grads` (averaged over the devices already),
+    with `batch_stats`."""
+    # The update of `optimizer(horizon)`; the state keeps its own `tx` (static: what it returns
+    # must match what it was given).
+    tx = state.tx if self.optimizer is None else self.optimizer(self.horizon)
+    new_state = state.replace(tx=tx).apply_gradients(grads=grads, batch_stats=batch_stats)
+    return new_state.replace(tx=state.tx)
+
+  def metrics(self, out: Gradients, grads, new_state) -> dict:
+    """The step's metrics averaged over the devices, with the norms of the averaged gradient
+    and of the new parameters."""
+    metrics = lax.pmean(out.metrics, AXIS)
+    metrics["grad_norm"] = optax.tree.norm(grads)
+    metrics["param_norm"] = optax.tree.norm(new_state.params)
+    return metrics
+
+
+@register("standard")
+def standard_step(state, batch, run: Run):
+  """One optimizer step on this device's part of the global batch: its examples, augmented;
+  the forward pass, the loss and its gradients; their mean over all devices; the update."""
+  ex = run.examples(state, batch)  # images [per_device_batch, H, W, C], targets, positions
+  out = run.gradients(state, state.params, ex)  # forward, loss, gradients, by micro-batch
   # Every device gets the gradient of the mean loss over the GLOBAL batch. BatchNorm already
   # reduced its statistics over AXIS, so batch_stats agree on every device without a pmean.
-  grads = lax.pmean(grads, AXIS)
-  metrics = lax.pmean({"loss": total / loss_scale, "accuracy": correct / per_device_batch}, AXIS)
-  # The update of `optimizer(horizon)`; the state keeps its own `tx` (static: what it returns
-  # must match what it was given).
-  tx = state.tx if optimizer is None else optimizer(horizon)
-  new_state = state.replace(tx=tx).apply_gradients(grads=grads, batch_stats=batch_stats)
-  new_state = new_state.replace(tx=state.tx)
-  metrics["grad_norm"] = optax.tree.norm(grads)
-  metrics["param_norm"] = optax.tree.norm(new_state.params)
-  return new_state, metrics
+  grads = lax.pmean(out.grads, AXIS)
+  new_state = run.update(state, grads, out.batch_stats)
+  return new_state, run.metrics(out, grads, new_state)
+
+
+def train_step(state, batch, horizon=None, seed=None, *, step: str = "standard", **pieces):
+  """The train step registered as `step`, given the run's `pieces` (the fields of `Run`)."""
+  return STEPS.get(step)(state, batch, Run(**pieces, horizon=horizon, seed=seed))
 
 
 def _augmented(ex: Examples, augment, targets=None):
   """(augment's output for this device's examples as their step draws it, their positions in
-  the global batch, the step's dropout key): the step's key, the same on every device, split
-  into the augmentation's and dropout's."""
-  augment_rng, dropout_rng = jax.random.split(ex.rng)
+  the global batch, the step's key for the model's draws): the step's key, the same on every
+  device, split into the augmentation's and the model's."""
+  augment_rng, model_rng = jax.random.split(ex.rng)
   positions = global_positions(ex.labels.shape[0])
   out = augment(
     augment_rng,
@@ -259,7 +323,7 @@ def _augmented(ex: Examples, augment, targets=None):
     positions=positions,
     targets=targets,  # None: the images alone
   )
-  return out, positions, dropout_rng
+  return out, positions, model_rng
 
 
 def augmented_examples(step, batch, *, gather, augment, count: int):

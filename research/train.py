@@ -102,6 +102,8 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
   )
   train_step = functools.partial(
     steps.train_step,
+    step=config.step,
+    config=config,
     gather=inputs.gather,
     augment=checked.augment,
     loss=functools.partial(losses.LOSSES.get(config.loss), config=config),
@@ -668,12 +670,13 @@ class Progress:
   def write(self, step: int, in_flight: list, clock: Clock) -> None:
     fetched = first_replica(in_flight)  # one fetch; blocks until these steps are done
     training, input_wait = clock.close_interval()
-    # Each a number, or one per seed (config.seeds > 1): their mean is the record's
+    # Each a number, or one per seed (config.seeds > 1): their mean is the record's. Every
+    # metric the step returns is averaged over the steps since the last record; the norms are
+    # the last step's.
+    last = lambda name: name in ("param_norm", "grad_norm")
     values = {
-      "loss": np.mean([m["loss"] for m in fetched], axis=0),
-      "accuracy": np.mean([m["accuracy"] for m in fetched], axis=0),
-      "param_norm": np.asarray(fetched[-1]["param_norm"]),
-      "grad_norm": np.asarray(fetched[-1]["grad_norm"]),
+      name: np.asarray(fetched[-1][name]) if last(name) else np.mean([m[name] for m in fetched], 0)
+      for name in fetched[-1]
     }
     record = {
       "step": step,

@@ -14,7 +14,7 @@ from typing import NamedTuple
 import ml_collections
 
 from research import augment as augment_lib
-from research import configuration, data, losses, models, optim
+from research import configuration, data, losses, models, optim, steps
 from research.data import PLACEMENTS, check_num_classes
 from research.errors import UserError
 
@@ -178,6 +178,7 @@ def train_config(config: ml_collections.ConfigDict, n_devices: int) -> Checked:
     hint = f"; say {aliases[config.model.dtype]!r}" if config.model.dtype in aliases else ""
     raise UserError(f"model.dtype={config.model.dtype!r} is not one of {', '.join(DTYPES)}{hint}")
   models.MODELS.get(config.model.name, config.modules)
+  steps.STEPS.get(config.step, config.modules)
   losses.LOSSES.get(config.loss, config.modules)
   _in_ranges(config.model, [r for r in MODEL_RANGES if r[0] in config.model], "model.")
   profile = tuple(config.profile_steps)

@@ -1,6 +1,8 @@
 """docs/extending.md is a tested document: its fork package, copied verbatim beside research/,
 registers all five kinds of part and trains, evaluates and predicts through ./launch.sh."""
 
+import functools
+import importlib.util
 import json
 import re
 import shutil
@@ -8,7 +10,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import flax.linen as nn
+import jax
+import ml_collections
+import numpy as np
+import optax
 from PIL import Image
+
+from research import augment, losses, steps
+from research.inputs import first_replica, replicate
 
 ROOT = Path(__file__).parent.parent
 GUIDE = (ROOT / "docs" / "extending.md").read_text()
@@ -90,3 +100,61 @@ def test_the_fork_package_copied_verbatim_trains_evaluates_predicts_and_loads(tm
   )
   assert built.returncode == 0, built.stderr[-2000:]
   assert built.stdout.split() == ["vgg", "11", "synthetic", "lion", "('myexp',)"]
+
+
+def _guide_module(path: str, tmp_path):
+  """The guide's file `path`, imported as a module of its own (its parts registered)."""
+  file = tmp_path / Path(path).name
+  file.write_text(_files()[path])
+  spec = importlib.util.spec_from_file_location(f"guide_{file.stem}", file)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+class _Linear(nn.Module):
+  @nn.compact
+  def __call__(self, x, train: bool):
+    return nn.Dense(10)(x.reshape(len(x), -1))
+
+
+# The pmapped step and the reference below differ in the order of float32 sums only (the
+# gradient of 16 examples' mean over 2 devices, then its norm): a few units of 6e-8 relative,
+# amplified by nothing (one SGD step at lr 1 moves each weight by its gradient, of size 1e-2).
+def test_the_guide_s_sam_step_applies_the_gradient_at_the_perturbed_weights(tmp_path):
+  guide = _guide_module("myexp/parts.py", tmp_path)
+  assert steps.STEPS.get("sam") is guide.sam
+  rng = np.random.default_rng(0)
+  images_u8, labels = rng.integers(0, 256, (16, 4, 4, 3), np.uint8), rng.integers(0, 10, 16)
+  model, rho, tx = _Linear(), 0.05, optax.sgd(1.0)  # lr 1: the update is minus the gradient
+  state = steps.create_train_state(jax.random.key(0), None, model, (4, 4, 3), tx)
+  config = ml_collections.ConfigDict({"sam_rho": rho, "label_smoothing": 0.0})
+  step = functools.partial(
+    steps.train_step,
+    step="sam",
+    config=config,
+    gather=lambda step, batch: steps.Examples(*batch),
+    augment=augment.build(""),
+    loss=functools.partial(losses.cross_entropy, config=config),
+    num_classes=10,
+  )
+  devices = jax.local_devices()[:2]
+  split = lambda x: x.reshape(2, -1, *x.shape[1:])
+  keys = jax.random.wrap_key_data(np.broadcast_to(jax.random.key_data(jax.random.key(1)), (2, 2)))
+  batch = (split(images_u8), split(labels), keys)
+  rstate, metrics = jax.pmap(step, axis_name=steps.AXIS, devices=devices)(
+    replicate(state, devices), batch
+  )
+  taken = first_replica(rstate.params)
+
+  def loss(params):  # the mean loss over the whole batch, on one device
+    logits = model.apply({"params": params}, images_u8 / 255.0, train=True)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+  g = jax.grad(loss)(state.params)
+  perturbed = jax.tree.map(lambda p, d: p + rho * d / optax.tree.norm(g), state.params, g)
+  expected = jax.tree.map(lambda p, d: p - d, state.params, jax.grad(loss)(perturbed))
+  for a, b in zip(jax.tree.leaves(taken), jax.tree.leaves(expected), strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(first_replica(metrics)["loss"], loss(state.params), rtol=1e-5)
+  assert first_replica(metrics)["sam_loss"] > first_replica(metrics)["loss"]  # uphill

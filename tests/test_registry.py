@@ -15,6 +15,7 @@ REGISTRIES = {
   "loss": (losses.LOSSES, "cross_entropy"),
   "dataset": (data.DATASETS, "cifar10"),
   "optimizer": (optim.OPTIMIZERS, "sgd"),
+  "step": (steps.STEPS, "standard"),
 }
 
 
@@ -26,7 +27,7 @@ def _config(**fields):
 
 @pytest.mark.parametrize("field, value", [
   ("model.name", "resnet_from_a_paper"), ("loss", "focal"), ("dataset", "npz"),
-  ("optimizer", "lion"), ("augment", "cutout(8)|standardize"),
+  ("optimizer", "lion"), ("augment", "cutout(8)|standardize"), ("step", "sam"),
 ])  # fmt: skip
 def test_an_unknown_name_is_one_error_listing_the_registered_and_how_to_add_one(field, value):
   config = _config()
@@ -39,7 +40,7 @@ def test_an_unknown_name_is_one_error_listing_the_registered_and_how_to_add_one(
   message = str(error.value)
   assert "config.modules" in message and "\n" not in message
   shipped = {"model.name": "vgg", "loss": "cross_entropy", "dataset": "cifar10",
-             "optimizer": "sgd", "augment": "crop"}[field]  # fmt: skip
+             "optimizer": "sgd", "augment": "crop", "step": "standard"}[field]  # fmt: skip
   assert shipped in message
 
 
@@ -74,17 +75,19 @@ def test_a_module_imported_again_registers_the_same_part_again():
 def test_a_fork_registers_each_kind_and_the_config_finds_it(tmp_path, monkeypatch):
   (tmp_path / "fork_parts.py").write_text(
     "import optax\n"
-    "from research import augment, data, losses, optim\n"
+    "from research import augment, data, losses, optim, steps\n"
     "losses.register('fork_loss')(losses.cross_entropy)\n"
     "optim.register('fork_sgd')(lambda learning_rate, fields: optax.sgd(learning_rate))\n"
     "augment.register('fork_identity')(lambda: lambda rng, image: image)\n"
     "data.register('fork_data', num_classes=10)(data.synthetic.load)\n"
+    "steps.register('fork_step')(steps.standard_step)\n"
   )
   monkeypatch.syspath_prepend(str(tmp_path))
   config = _config(modules=("fork_parts",), loss="fork_loss", optimizer="fork_sgd")
-  config.update(dataset="fork_data", augment="fork_identity|standardize")
+  config.update(dataset="fork_data", augment="fork_identity|standardize", step="fork_step")
   validate.train_config(config, 8)  # imports fork_parts, then finds each name
   assert losses.LOSSES.get("fork_loss") is losses.cross_entropy
+  assert steps.STEPS.get("fork_step") is steps.standard_step
 
 
 def test_a_module_that_does_not_import_is_one_error():

@@ -298,3 +298,33 @@ def test_the_micro_batch_is_auto_chosen_or_as_configured(
   configured, per_device, batch_norm, backend, expected
 ):
   assert steps.micro_batch_size(configured, per_device, batch_norm, backend) == expected
+
+
+class _DropPath(flax.linen.Module):
+  """A draw the model makes itself, as stochastic depth does: one keep/drop per call."""
+
+  @flax.linen.compact
+  def __call__(self, x, train: bool):
+    keep = jax.random.bernoulli(self.make_rng("dropout"), 0.5, (16,))
+    self.sow("intermediates", "keep", keep)
+    return flax.linen.Dense(10)(x.reshape(len(x), -1)) * keep.mean()
+
+
+def test_a_draw_the_model_makes_itself_differs_per_device_and_per_micro_batch(batch):
+  state = create_train_state(jax.random.key(0), None, _DropPath(), (32, 32, 3), optax.sgd(0.1))
+  run = steps.Run(gather=_as_given, augment=augment.build(""), loss=_loss(), num_classes=10)
+
+  def draws(state, batch):  # each micro-batch's draw on this device: [2 micro-batches, 16]
+    ex = run.examples(state, batch)
+    parts = (slice(0, 2), slice(2, 4))
+    taken = [run.forward(state, state.params, {}, ex, part)[1] for part in parts]
+    return jnp.stack([t["intermediates"]["keep"][0] for t in taken])
+
+  images_u8, labels = batch
+  split = lambda x: x[:8].reshape(2, 4, *x.shape[1:])  # 2 devices, 4 examples each
+  rngs = jax.random.wrap_key_data(np.broadcast_to(jax.random.key_data(jax.random.key(1)), (2, 2)))
+  taken = jax.pmap(draws, axis_name=AXIS, devices=jax.local_devices()[:2])(
+    replicate(state, jax.local_devices()[:2]), (split(images_u8), split(labels), rngs)
+  )
+  slices = np.asarray(taken).reshape(4, 16)  # devices × micro-batches: 4 slices of the batch
+  assert len({row.tobytes() for row in slices}) == 4  # each slice of the batch draws anew
