@@ -97,6 +97,9 @@ def training_defaults() -> ml_collections.ConfigDict:
   c.init_from_seed = -1  # a run of several seeds (seeds > 1): the seed to start from
 
   # Logging and evaluation.
+  # Eval metrics besides loss and accuracy, registered (research/metrics.py): a fork's, e.g.
+  # ("top5",); each is `eval_NAME` in every eval record
+  c.eval_metrics = ()
   c.log_every_steps = 50  # one device→host transfer of metrics per this many steps
   c.log_every_seconds = 60.0  # ... or sooner, once this long has passed (slow steps)
   # Evals and checkpoints: every this many epochs (a batch-size change keeps the schedule),

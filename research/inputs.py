@@ -222,17 +222,19 @@ def resident_gather(step, batch, *, step_key, per_device_batch: int, sharded: bo
   )
 
 
-def resident_eval(state, shard, *, preprocess, per_device_batch: int):
+def resident_eval(state, shard, *, preprocess, per_device_batch: int, metrics=()):
   """`steps.eval_sums` over the whole (padded) resident test shard, summed over all devices."""
   images_u8, labels, mask = shard  # [num_batches * per_device_batch, ...]
 
   def one_batch(totals, start):
     take = lambda x: lax.dynamic_slice_in_dim(x, start, per_device_batch)
-    sums = steps.eval_sums(state, take(images_u8), take(labels), take(mask), preprocess=preprocess)
+    sums = steps.eval_sums(
+      state, take(images_u8), take(labels), take(mask), preprocess=preprocess, metrics=metrics
+    )
     return jax.tree.map(jnp.add, totals, sums), None
 
   starts = jnp.arange(0, labels.shape[0], per_device_batch)
-  totals, _ = lax.scan(one_batch, steps.zero_totals(preprocess), starts)
+  totals, _ = lax.scan(one_batch, steps.zero_totals(preprocess, metrics), starts)
   return lax.psum(totals, AXIS)
 
 
@@ -302,7 +304,12 @@ def resident(
   eval_batch = config.eval_batch_size // n_devices
 
   def eval_fn(pipeline):  # a state with a seed axis: each seed's totals
-    fn = functools.partial(resident_eval, preprocess=pipeline, per_device_batch=eval_batch)
+    fn = functools.partial(
+      resident_eval,
+      preprocess=pipeline,
+      per_device_batch=eval_batch,
+      metrics=tuple(config.eval_metrics),
+    )
     return jax.vmap(fn, in_axes=(0, None)) if config.seeds > 1 else fn
 
   p_evals = eval_programs(preprocess, lambda pipeline: jax.pmap(eval_fn(pipeline), axis_name=AXIS))
@@ -378,10 +385,12 @@ def streamed_gather(step, batch, *, step_key, steps_per_epoch: int):
   )
 
 
-def streamed_eval(state, batch, totals, *, preprocess):
+def streamed_eval(state, batch, totals, *, preprocess, metrics=()):
   """Adds one streamed eval batch to the running `totals` (summed over all devices)."""
   images_u8, labels, mask, sizes = (batch.get(k) for k in ("image", "label", "mask", "size"))
-  sums = steps.eval_sums(state, images_u8, labels, mask, sizes, preprocess=preprocess)
+  sums = steps.eval_sums(
+    state, images_u8, labels, mask, sizes, preprocess=preprocess, metrics=metrics
+  )
   return jax.tree.map(jnp.add, totals, lax.psum(sums, AXIS))
 
 
@@ -425,12 +434,14 @@ def streamed(config, per_device_batch: int, preprocess, step_key, scanned=None) 
   pipelines = eval_pipelines(preprocess)
 
   def eval_program(pipeline):
-    return jax.pmap(functools.partial(streamed_eval, preprocess=pipeline), axis_name=AXIS)
+    fn = functools.partial(streamed_eval, preprocess=pipeline, metrics=tuple(config.eval_metrics))
+    return jax.pmap(fn, axis_name=AXIS)
 
   p_evals = eval_programs(preprocess, eval_program)
 
   def evaluate(rstate, all_views=True):
-    totals = replicate(jax.device_get(steps.zero_totals(pipelines[all_views])))  # on device
+    zeros = steps.zero_totals(pipelines[all_views], tuple(config.eval_metrics))
+    totals = replicate(jax.device_get(zeros))  # on device
     stream = streaming.eval_batches(eval_source, eval_per_process, config.data_workers, share)
     for batch in prefetch_to_devices(stream, config.prefetch, on_eval):
       totals = p_evals[all_views](rstate, batch, totals)

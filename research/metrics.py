@@ -1,4 +1,13 @@
-"""Where a run's numbers go: the console, WORKDIR/metrics.jsonl and TensorBoard event files."""
+"""Where a run's numbers go: the console, WORKDIR/metrics.jsonl and TensorBoard event files;
+and the eval metrics a config adds, found by name.
+
+An eval metric is `metric(logits, labels) -> [batch]`, a value per example (logits float32
+[batch, classes] as the eval computes them, every view averaged; labels int32 [batch]),
+registered with `@research.metrics.register("name")` in a module of `config.modules` and
+named in `config.eval_metrics`. It is summed over the test split, each example once, and
+divided by their count, as accuracy is: `eval_NAME` in every eval record (each seed's too),
+the eval line, TensorBoard and `./launch.sh eval`.
+"""
 
 import json
 import time
@@ -6,6 +15,11 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
+
+from research.registry import Registry
+
+EVAL_METRICS = Registry("eval metric", "eval_metrics")
+register = EVAL_METRICS.register
 
 TRAIN_SCALARS = (
   "loss",
@@ -73,6 +87,8 @@ def eval_record(step: int, totals: dict, seeds=()) -> dict:
   }
   if "correct_first_view" in totals:  # test-time augmentation: the plain accuracy too
     values["eval_accuracy_first_view"] = np.asarray(totals["correct_first_view"]) / count
+  for name in eval_metric_names(totals):
+    values[f"eval_{name}"] = np.asarray(totals[f"metric/{name}"]) / count
   record = {
     "step": step,
     "eval_loss": float(np.mean(values["eval_loss"])),
@@ -82,9 +98,25 @@ def eval_record(step: int, totals: dict, seeds=()) -> dict:
   }
   if "eval_accuracy_first_view" in values:
     record["eval_accuracy_first_view"] = float(np.mean(values["eval_accuracy_first_view"]))
+  for name in eval_metric_names(totals):
+    record[f"eval_{name}"] = float(np.mean(values[f"eval_{name}"]))
   if count.ndim:
     record.update(per_seed(values, seeds))
   return record
+
+
+def eval_metric_names(totals: dict) -> list[str]:
+  """The registered eval metrics whose sums `totals` holds (steps.eval_sums' `metric/NAME`)."""
+  return [k.removeprefix("metric/") for k in totals if k.startswith("metric/")]
+
+
+def _added_eval_metrics(record: dict) -> list[str]:
+  """The record's `eval_NAME` fields of registered eval metrics."""
+  shipped = {"eval_loss", "eval_loss_kind", "eval_accuracy", "eval_examples"}
+  shipped |= {"eval_accuracy_first_view", "eval_sec"}
+  return [
+    k for k in record if k.startswith("eval_") and k not in shipped and not k.endswith("_std")
+  ]
 
 
 def format_eval_line(record: dict) -> str:
@@ -94,6 +126,9 @@ def format_eval_line(record: dict) -> str:
     f"eval at step {record['step']}: loss = {_spread(record, 'eval_loss', 4)}, "
     f"accuracy = {_spread(record, 'eval_accuracy', 4)}"
     + (f" with test-time augmentation ({views:.4f} without)" if views is not None else "")
+    + "".join(
+      f", {k.removeprefix('eval_')} = {_spread(record, k, 4)}" for k in _added_eval_metrics(record)
+    )
     + f" over {record['eval_examples']} examples"
     + (f" (each seed: {', '.join(f'{a:.4f}' for a in seeds)})" if seeds else "")
   )
@@ -149,7 +184,7 @@ class MetricsLog:
       return
     self.echo(format_eval_line(record))
     self._append(record)
-    for name in ("eval_loss", "eval_accuracy"):
+    for name in ("eval_loss", "eval_accuracy", *_added_eval_metrics(record)):
       self.writer.add_scalar(f"eval/{name.removeprefix('eval_')}", record[name], record["step"])
     self._per_seed("eval", record)
     self.writer.flush()

@@ -21,6 +21,7 @@ from jax import lax
 
 from research.cpu_forms import cpu_forms_applied
 from research.errors import UserError
+from research.metrics import EVAL_METRICS
 from research.registry import Registry
 
 # The one pmap axis: every lax.pmean/psum and every BatchNorm names it. 'batch', as flax's
@@ -352,8 +353,9 @@ def eval_logits(state, images_u8, sizes=None, *, preprocess):
   return jnp.tensordot(jnp.array(preprocess.weights), per_view, 1), per_view[0]
 
 
-def eval_sums(state, images_u8, labels, mask, sizes=None, *, preprocess):
-  """Sums of loss, correct predictions and real examples (mask = 1) over one batch. With
+def eval_sums(state, images_u8, labels, mask, sizes=None, *, preprocess, metrics=()):
+  """Sums of loss, correct predictions and real examples (mask = 1) over one batch, and of
+  each registered eval metric named in `metrics` (`metric/NAME`, research/metrics.py). With
   views, `correct_first_view` counts the first view's correct predictions alone."""
   logits, first_view = eval_logits(state, images_u8, sizes, preprocess=preprocess)
   losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
@@ -364,12 +366,16 @@ def eval_sums(state, images_u8, labels, mask, sizes=None, *, preprocess):
   }
   if preprocess.weights:
     sums["correct_first_view"] = jnp.sum((first_view.argmax(-1) == labels) * mask)
+  for name in metrics:
+    per_example = EVAL_METRICS.get(name)(logits, labels)  # [batch]
+    sums[f"metric/{name}"] = jnp.sum(per_example.astype(jnp.float32) * mask)
   return sums
 
 
-def zero_totals(preprocess):
+def zero_totals(preprocess, metrics=()):
   """Eval totals before the first batch: the structure `eval_sums` returns, all zeros."""
   names = ("loss_sum", "correct", "count") + (("correct_first_view",) if preprocess.weights else ())
+  names += tuple(f"metric/{name}" for name in metrics)
   return {name: jnp.float32(0) for name in names}
 
 

@@ -14,7 +14,7 @@ from typing import NamedTuple
 import ml_collections
 
 from research import augment as augment_lib
-from research import configuration, data, losses, models, optim, steps
+from research import configuration, data, losses, metrics, models, optim, steps
 from research.data import PLACEMENTS, check_num_classes
 from research.errors import UserError
 
@@ -179,6 +179,12 @@ def train_config(config: ml_collections.ConfigDict, n_devices: int) -> Checked:
     raise UserError(f"model.dtype={config.model.dtype!r} is not one of {', '.join(DTYPES)}{hint}")
   models.MODELS.get(config.model.name, config.modules)
   steps.STEPS.get(config.step, config.modules)
+  if isinstance(config.eval_metrics, str):
+    raise UserError(
+      f"eval_metrics={config.eval_metrics!r} must be a tuple of names, e.g. ('top5',)"
+    )
+  for name in config.eval_metrics:
+    metrics.EVAL_METRICS.get(name, config.modules)
   losses.LOSSES.get(config.loss, config.modules)
   _in_ranges(config.model, [r for r in MODEL_RANGES if r[0] in config.model], "model.")
   profile = tuple(config.profile_steps)

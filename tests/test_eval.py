@@ -1,4 +1,5 @@
-"""Eval counts every test example exactly once, whatever the split and batch sizes."""
+"""Eval counts every test example exactly once, whatever the split and batch sizes, and sums a
+registered eval metric over them as it sums accuracy."""
 
 import functools
 
@@ -8,21 +9,25 @@ import numpy as np
 import optax
 import pytest
 
-from research import augment, models
+from research import augment, metrics, models
 from research.inputs import first_replica, pad_for_eval, replicate, resident_eval, upload_shards
 from research.steps import AXIS, create_train_state
 
 
-@pytest.mark.parametrize("n_examples", [250, 256, 7])
+@metrics.register("test_top2")
+def top2(logits, labels):
+  return (jax.lax.top_k(logits, 2)[1] == labels[:, None]).any(-1)
+
+
+@pytest.mark.parametrize("n_examples, global_batch", [(250, 64), (256, 64), (7, 64), (250, 24)])
 @pytest.mark.rounding
-def test_eval_counts_every_example_once(n_examples):
+def test_eval_counts_every_example_once(n_examples, global_batch):
   config = ml_collections.ConfigDict(dict(name="keras_cnn", num_classes=10, dtype="float32"))
   model = models.create(config, AXIS)
   state = create_train_state(jax.random.key(0), None, model, (32, 32, 3), optax.sgd(0.1))
   rng = np.random.default_rng(0)
   images = rng.integers(0, 256, (n_examples, 32, 32, 3), dtype=np.uint8)
   labels = rng.integers(0, 10, n_examples).astype(np.int32)
-  global_batch = 64
   padded = pad_for_eval(images, labels, global_batch)
   shards = upload_shards(padded, len(padded[1]) // 8)
   p_eval = jax.pmap(
@@ -30,6 +35,7 @@ def test_eval_counts_every_example_once(n_examples):
       resident_eval,
       preprocess=augment.build(""),
       per_device_batch=global_batch // 8,
+      metrics=("test_top2",),
     ),
     axis_name=AXIS,
   )
@@ -40,6 +46,8 @@ def test_eval_counts_every_example_once(n_examples):
   apply = jax.jit(functools.partial(model.apply, train=False))
   logits = apply({"params": state.params}, images / 255.0)
   expected_correct = int(np.sum(np.argmax(logits, -1) == labels))
+  top_two = np.argsort(-np.asarray(logits), -1, kind="stable")[:, :2]
+  assert int(totals["metric/test_top2"]) == int(np.sum((top_two == labels[:, None]).any(-1)))
   expected_loss = float(optax.softmax_cross_entropy_with_integer_labels(logits, labels).sum())
   assert int(totals["correct"]) == expected_correct
   np.testing.assert_allclose(totals["loss_sum"], expected_loss, rtol=1e-4)

@@ -66,13 +66,15 @@ def test_the_fork_package_copied_verbatim_trains_evaluates_predicts_and_loads(tm
   final = [r for r in records if "eval_accuracy" in r][-1]
   assert len(losses) >= 3 and losses[-1] < losses[0]  # the focal loss falls under Lion
   assert final["eval_examples"] == 256 and final["eval_accuracy"] > 0.6  # 2 classes
-  assert final["eval_loss_kind"] == "cross_entropy"
+  assert final["eval_loss_kind"] == "cross_entropy" and final["eval_top5"] == 1.0  # 2 classes
+  assert all("sam_loss" in r for r in records if "loss" in r)  # the step's own metric
   assert json.loads((workdir / "config.json").read_text())["modules"] == ["myexp"]
 
   # eval and predict import the run's modules themselves: the names are in its config.
   evaluated = _run(scratch, "research.trained", "eval", str(workdir))
   assert evaluated.returncode == 0, evaluated.stderr[-2000:]
   assert f"accuracy = {final['eval_accuracy']:.4f}" in evaluated.stdout
+  assert "top5 = 1.0000" in evaluated.stdout
   Image.new("RGB", (32, 32), (90, 90, 90)).save(tmp_path / "grey.png")
   predicted = _run(scratch, "research.trained", "predict", str(workdir), str(tmp_path / "grey.png"))
   assert predicted.returncode == 0 and "grey.png" in predicted.stdout, predicted.stderr[-2000:]

@@ -7,11 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 from PIL import Image
 
-from research import configuration, environment, trained
+from research import configuration, environment, metrics, trained
 from research.errors import EXIT_USER_ERROR, UserError
 from research.train import train_and_evaluate
 
@@ -19,14 +20,25 @@ ROOT = Path(__file__).parent.parent
 SLICE = Path(__file__).parent / "data" / "cifar10_slice"  # 16 train + 8 test real JPEGs a class
 
 
+@metrics.register("test_top3")
+def top3(logits, labels):
+  """1 where the label is among the 3 highest logits: an eval metric as a fork adds one."""
+  return (jax.lax.top_k(logits, 3)[1] == labels[:, None]).any(-1)
+
+
+def _config(data: Path):
+  """The Keras CNN's :smoke on the real-image slice at `data`, 10 steps."""
+  config = configuration.load("configs/cifar_keras_cnn.py:smoke")
+  config.update(dataset="folder", data_dir=str(data), batch_size=32, eval_batch_size=16)
+  config.update(num_train_steps=10, log_every_steps=5)
+  return config
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> tuple[Path, dict]:
   """(workdir, final eval record) of the Keras CNN's :smoke trained on the real-image slice."""
   root = tmp_path_factory.mktemp("trained")
-  data = Path(shutil.copytree(SLICE, root / "data"))
-  config = configuration.load("configs/cifar_keras_cnn.py:smoke")
-  config.update(dataset="folder", data_dir=str(data), batch_size=32, eval_batch_size=16)
-  config.update(num_train_steps=10, log_every_steps=5)
+  config = _config(Path(shutil.copytree(SLICE, root / "data")))
   final = train_and_evaluate(config, str(root / "run"))
   return root / "run", final
 
@@ -40,6 +52,14 @@ def test_eval_reproduces_the_final_eval_and_leaves_the_training_s_files_alone(ru
   after = {p.name: p.read_bytes() for p in workdir.iterdir() if p.is_file()}
   assert after.pop(trained.EVALS) and after == before
   assert json.loads((workdir / trained.EVALS).read_text().splitlines()[-1])["overrides"] == {}
+
+
+def test_an_eval_metric_a_fork_registers_is_recorded_and_eval_reproduces_it(tmp_path):
+  config = _config(SLICE)  # the run's step: the program the fixture's run compiled
+  config.eval_metrics = ("test_top3",)
+  final = train_and_evaluate(config, str(tmp_path / "run"))
+  assert final["eval_accuracy"] < final["eval_test_top3"] < 1  # top-3 counts more, not all
+  assert trained.evaluate(tmp_path / "run")["eval_test_top3"] == final["eval_test_top3"]
 
 
 def test_eval_on_one_device_of_a_run_trained_on_8_counts_the_same(run):
