@@ -19,6 +19,7 @@ import optax
 from flax.training import train_state
 from jax import lax
 
+from research import models
 from research.cpu_forms import cpu_forms_applied
 from research.errors import UserError
 from research.metrics import EVAL_METRICS
@@ -408,7 +409,7 @@ def create_train_state(rng, config, model, image_shape, tx, seeds=None) -> Train
   image = jax.ShapeDtypeStruct((1, *image_shape), jnp.float32)
 
   def init(rng):  # lazy_init: `image` is a shape; the forward pass feeds no output (dead code)
-    variables = model.lazy_init(rng, image, train=False)
+    variables = model.lazy_init(rng, image, **models.mode(model, False))
     return variables, tx.init(variables["params"])
 
   # It runs once per seed. On CPU, XLA's backend optimizations of its random initializers take
@@ -416,12 +417,14 @@ def create_train_state(rng, config, model, image_shape, tx, seeds=None) -> Train
   options = {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else None
   compiled = jax.jit(init).lower(rng).compile(compiler_options=options)
 
+  apply_fn = models.apply_fn(model)  # called with train=, whatever the model names it
+
   def state(rng):
     variables, opt_state = compiled(rng)
     return jax.device_get(
       TrainState(
         step=0,
-        apply_fn=model.apply,
+        apply_fn=apply_fn,
         params=variables["params"],
         tx=tx,
         opt_state=opt_state,

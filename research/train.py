@@ -28,6 +28,7 @@ import numpy as np
 import tqdm
 
 from research import checkpoint, losses, models, optim, steps, trained, validate
+from research import data as data_lib
 from research import inputs as inputs_lib
 from research import metrics as metrics_lib
 from research import workdir as workdir_lib
@@ -70,10 +71,15 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
   is loaded)."""
   checked = validate.train_config(config, jax.device_count())  # before any data is loaded
   model = models.create(config.model, AXIS)
+  known = data_lib.DATASETS.parts.get(config.dataset) is None  # its image size: from the config
+  if known:  # before any image is decoded
+    _check_outputs(config, model, checked.augment, (*[trained.stored_size(config)] * 2, 3))
   source = trained.check_warm_start(config, checked.augment, model) if warm_start else None
   init_key = steps.run_keys(config.seed)[0]
   seeds = steps.seeds_of(config)
   inputs = inputs_lib.for_run(config, checked)
+  if not known:  # a registered dataset's arrays, loaded
+    _check_outputs(config, model, checked.augment, inputs.example_shape)
   num_steps = config.num_train_steps
   if num_steps <= 0:
     num_steps = config.num_epochs * inputs.steps_per_epoch
@@ -135,6 +141,13 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
     config.warm_up,
     warm,
   )
+
+
+def _check_outputs(config, model, augment, example_shape) -> None:
+  """A user error unless the model gives one logit per class for the run's images."""
+  example = jax.ShapeDtypeStruct((1, *example_shape), np.uint8)
+  images = jax.eval_shape(augment, jax.random.key(0), example)  # as the model sees them
+  models.check_outputs(model, images, config.model.num_classes, config.model.name)
 
 
 def every_steps(steps: int, epochs: float, steps_per_epoch: int) -> int:

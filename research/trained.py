@@ -116,7 +116,7 @@ class Trained:
     """`predict` as a function of the variables, to jit or pmap."""
 
     def one(variables):
-      weights = Weights(variables["params"], variables["batch_stats"], self.model.apply)
+      weights = Weights(variables["params"], variables["batch_stats"], models.apply_fn(self.model))
       logits, _ = steps.eval_logits(weights, images_u8, sizes, preprocess=self.preprocess)
       return jax.nn.softmax(logits)
 
@@ -208,7 +208,7 @@ def evaluate(workdir, step: int | None = None, overrides=()) -> dict:
     _check_classes(config.data_dir, folder.class_dirs(train), recorded)
   inputs = inputs_lib.for_run(config, checked)  # other datasets' classes follow from config
   model = models.create(config.model, AXIS)
-  weights = Weights(state["params"], state.get("batch_stats", {}), model.apply)
+  weights = Weights(state["params"], state.get("batch_stats", {}), models.apply_fn(model))
   start = time.perf_counter()
   record = eval_record(step, inputs.evaluate(replicate(weights), True), run_seeds(config))
   record.update(eval_sec=time.perf_counter() - start, time=time.time())
@@ -345,7 +345,8 @@ def check_warm_start(config, augment, model) -> Source:
   size = stored_size(config)  # the model's input is made from stored examples of this side
   example = jax.ShapeDtypeStruct((1, size, size, 3), jnp.uint8)
   images = jax.eval_shape(augment, jax.random.key(0), example)
-  shapes = jax.eval_shape(lambda x: model.init(jax.random.key(0), x, train=False), images)
+  init = lambda x: model.init(jax.random.key(0), x, **models.mode(model, False))
+  shapes = jax.eval_shape(init, images)
   mine = traverse_util.flatten_dict(flax.core.unfreeze(shapes["params"]), sep="/")
   theirs = traverse_util.flatten_dict(saved["params"], sep="/")
   if not any(p in theirs and np.shape(theirs[p]) == leaf.shape for p, leaf in mine.items()):

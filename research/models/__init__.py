@@ -3,12 +3,14 @@
 A model is `create(model_config, axis_name) -> flax.linen.Module` decorated with
 `@research.models.register("name")`, in `research/models/` or in a fork's module named in
 `config.modules`. The module is plain flax (`nn.Conv`, `nn.Dropout`, `nn.BatchNorm`, ...),
-called as `model.apply(variables, images, train=...)` on float images [batch, H, W, C],
-returning logits [batch, num_classes]. `axis_name` is the pmap axis ('batch', as flax's
-examples name it; None outside pmap) for BatchNorm, so statistics are averaged across
-replicas: a model copied from a flax codebase that names 'batch' itself runs as written.
+called on float images [batch, H, W, C] with its mode as its `__call__` names it: `train=`,
+`deterministic=` (not train), or nothing for a model without one (`mode`); it returns logits
+[batch, num_classes], as many as the data has classes (checked before any image is
+decoded). `axis_name` is the pmap axis ('batch', as flax's examples name it; None outside
+pmap) for BatchNorm, so statistics are averaged across replicas: a model copied from a flax
+codebase that names 'batch' itself runs as written.
 Dropout draws from the "dropout" rng collection. The step applies its own forms from outside
-the model (research/steps.py: a dropout mask per example; its CPU forms: faster
+the model (research/steps.py: a dropout mask per example; research/cpu_forms.py: faster
 convolutions on CPU). Only max-pooling, a function no interceptor reaches, is called by name:
 the shipped models use `cpu_forms.max_pool`. The loss is the config's (research/losses.py).
 
@@ -23,21 +25,82 @@ host in place of the images. Either runs once, before the first step; the result
 checkpoint, so a resumed run does not redo it.
 """
 
+import functools
+import inspect
 import sys
 from collections.abc import Callable
 
 import flax.linen as nn
+import jax
 import ml_collections
 
+from research.errors import UserError
 from research.registry import Registry
 
 MODELS = Registry("model", "model.name")
 register = MODELS.register
 
 
+MODES = {"train": lambda train: train, "deterministic": lambda train: not train}
+# How a fork wraps a model whose __call__ needs more than the step passes (docs/extending.md)
+ADAPTER = "a module whose __call__(self, x, train: bool) returns YourModel(...)(x, ...)"
+
+
 def create(model_config: ml_collections.ConfigDict, axis_name: str | None) -> nn.Module:
-  """The flax module of the model registered as `model_config.name`."""
-  return MODELS.get(model_config.name)(model_config, axis_name)
+  """The flax module of the model registered as `model_config.name`; a user error for a model
+  the step cannot call: its `__call__` must take the images, and at most its mode besides."""
+  name = model_config.name
+  module = MODELS.get(name)(model_config, axis_name)
+  if not isinstance(module, nn.Module):
+    raise UserError(
+      f"model {name!r}: create() returned {type(module).__module__}.{type(module).__name__}, not "
+      "a flax.linen Module; a flax NNX module trains through flax.nnx.bridge.to_linen (or an "
+      "adapter), a linen module as it is"
+    )
+  parameters = list(inspect.signature(module.__call__).parameters.values())[1:]
+  needed = [
+    p.name
+    for p in parameters
+    if p.default is p.empty
+    and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    and p.name not in MODES
+  ]
+  if needed:
+    raise UserError(
+      f"model {name!r}: its __call__ needs {', '.join(needed)}, which the step does not pass "
+      f"(it passes the images and train= or deterministic= where __call__ names one); return "
+      f"from create() {ADAPTER} (docs/extending.md)"
+    )
+  return module
+
+
+def mode(module: nn.Module, train: bool) -> dict:
+  """The keyword that puts `module` in training or eval mode, as its `__call__` names it:
+  {"train": train}, {"deterministic": not train}, or {} for a model without a mode."""
+  parameters = inspect.signature(module.__call__).parameters
+  return {name: of(train) for name, of in MODES.items() if name in parameters}
+
+
+def apply_fn(module: nn.Module) -> Callable:
+  """`module.apply(variables, images, train=..., **kwargs)` for any mode keyword (`mode`)."""
+  return functools.partial(_apply, module)
+
+
+def _apply(module, variables, images, *, train: bool, **kwargs):
+  return module.apply(variables, images, **mode(module, train), **kwargs)
+
+
+def check_outputs(module: nn.Module, images, num_classes: int, name: str) -> None:
+  """A user error unless the model's logits for `images` (a shape) are [batch, num_classes]."""
+  init = lambda x: module.init_with_output(jax.random.key(0), x, **mode(module, False))[0]
+  logits = jax.eval_shape(init, images)
+  shape = getattr(logits, "shape", None)
+  if shape != (images.shape[0], num_classes):
+    raise UserError(
+      f"model {name!r} returns {shape if shape else type(logits).__name__} for a batch of "
+      f"{images.shape[0]}, where the data's {num_classes} classes need logits "
+      f"[batch, {num_classes}]; give its last layer model.num_classes outputs"
+    )
 
 
 def init_from_data(model_config: ml_collections.ConfigDict) -> tuple[Callable, Callable] | None:
