@@ -112,11 +112,7 @@ def eval_metric_names(totals: dict) -> list[str]:
 
 def _added_eval_metrics(record: dict) -> list[str]:
   """The record's `eval_NAME` fields of registered eval metrics."""
-  shipped = {"eval_loss", "eval_loss_kind", "eval_accuracy", "eval_examples"}
-  shipped |= {"eval_accuracy_first_view", "eval_sec"}
-  return [
-    k for k in record if k.startswith("eval_") and k not in shipped and not k.endswith("_std")
-  ]
+  return [k for k in record if k.startswith("eval_") and k[len("eval_") :] in EVAL_METRICS.parts]
 
 
 def format_eval_line(record: dict) -> str:
