@@ -70,7 +70,9 @@ def training_defaults() -> ml_collections.ConfigDict:
   c.optimizer = "sgd"  # registered (research/optim.py): "sgd", "adam", "rmsprop", "muon", ...
   c.learning_rate = 0.1  # peak, at the global batch lr_batch_size
   c.lr_batch_size = 256  # lr scales linearly with batch_size / lr_batch_size; 0 = no scaling
-  c.schedule = "cosine"  # "cosine", "linear" (to zero), "constant", "inverse_time", "exponential"
+  # Registered (research/schedules.py): "cosine", "linear" (to zero), "constant", "inverse_time",
+  # "exponential", or a fork's; each told the run's length, however it is set
+  c.schedule = "cosine"
   c.warmup_epochs = 0.0
   c.lr_decay = 0.0  # inverse_time: lr / (1 + lr_decay * step), Keras' legacy `decay`
   c.lr_decay_rate = 0.94  # exponential: multiply by this every lr_decay_epochs (staircase)

@@ -36,7 +36,13 @@ RECORD_KEYS = ("step", "elapsed_sec", "eta_sec", "per_seed", "dataset_used", "ti
 
 def step_metrics(record: dict) -> list[str]:
   """The names of the metrics a fork's step adds to a train record, beyond TRAIN_SCALARS."""
-  return [k for k in record if k not in TRAIN_SCALARS + RECORD_KEYS and not k.endswith("_std")]
+  own = lambda k: k in TRAIN_SCALARS + RECORD_KEYS or k.startswith("learning_rate/")
+  return [k for k in record if not own(k) and not k.endswith("_std")]
+
+
+def group_learning_rates(record: dict) -> list[str]:
+  """The record's parameter groups' learning rates: `learning_rate/GROUP`."""
+  return [k for k in record if k.startswith("learning_rate/")]
 
 
 def duration(seconds: float) -> str:
@@ -171,7 +177,7 @@ class MetricsLog:
       return
     self.echo(format_train_line(record))
     self._append(record)
-    for name in TRAIN_SCALARS + tuple(step_metrics(record)):
+    for name in (*TRAIN_SCALARS, *step_metrics(record), *group_learning_rates(record)):
       self.writer.add_scalar(f"train/{name}", record[name], record["step"])
     self._per_seed("train", record)
 

@@ -21,10 +21,10 @@ import ml_collections
 import optax
 from optax.contrib import MuonDimensionNumbers, scale_by_muon
 
+from research import schedules
 from research.errors import UserError
 from research.registry import Registry
 
-SCHEDULES = ("cosine", "linear", "constant", "inverse_time", "exponential")
 DEFAULT = "default"  # the label of parameters no group matches
 # register(name, decays_weights=True: it applies `weight_decay` itself; groups_only=True: for
 # param_groups alone; frozen=True: it never updates, so the step does not differentiate) on
@@ -36,39 +36,58 @@ register = OPTIMIZERS.register
 
 
 def learning_rate_schedule(
-  config: ml_collections.ConfigDict, steps_per_epoch: int, num_steps, peak: float = 0.0
+  config: ml_collections.ConfigDict, steps_per_epoch: int, num_steps, fields=None
 ) -> optax.Schedule:
-  """Peak lr (`peak`, else the config's, scaled to the global batch), with warmup and the
-  config's decay over `num_steps`: an int, or a traced int32 scalar, so that one compiled
-  step serves runs of any length (the step takes the run's step count as an argument)."""
-  if not peak:
-    peak = config.learning_rate
-    if config.lr_batch_size:
-      peak *= config.batch_size / config.lr_batch_size  # linear scaling rule
-  warmup = int(config.warmup_epochs * steps_per_epoch)
-  decay_steps = jnp.maximum(1, num_steps - warmup)
-  if config.schedule == "cosine":  # optax.cosine_decay_schedule's, for a traced decay_steps
-    decay = lambda step: (
-      peak * (0.5 * (1 + jnp.cos(jnp.pi * jnp.minimum(step, decay_steps) / decay_steps)))
-    )
-  elif config.schedule == "linear":  # to zero at the last step (optax.linear_schedule's)
-    decay = lambda step: peak * (1 - jnp.clip(step, 0, decay_steps) / decay_steps)
-  elif config.schedule == "constant":
-    decay = optax.constant_schedule(peak)
-  elif config.schedule == "inverse_time":
-    decay = lambda step: peak / (1.0 + config.lr_decay * step)
-  elif config.schedule == "exponential":
-    decay = optax.exponential_decay(
-      peak,
-      transition_steps=max(1, int(config.lr_decay_epochs * steps_per_epoch)),
-      decay_rate=config.lr_decay_rate,
-      staircase=True,
-    )
-  else:
-    raise UserError(f"schedule={config.schedule!r} is unknown; use {', '.join(SCHEDULES)}")
+  """The schedule `fields.schedule` names (research/schedules.py) over `num_steps` (an int, or
+  a traced int32 scalar where the schedule takes one), after `fields.warmup_epochs` of linear
+  warm-up from 0: peaking at `fields.learning_rate` (0: the config's, scaled to the global
+  batch by lr_batch_size). `fields`: a parameter group's (group_fields), else the config's."""
+  scaled = config.learning_rate  # linear scaling rule: per lr_batch_size examples
+  if config.lr_batch_size:
+    scaled *= config.batch_size / config.lr_batch_size
+  fields = config if fields is None else fields
+  peak = scaled if fields is config or not fields.learning_rate else fields.learning_rate
+  warmup = int(fields.warmup_epochs * steps_per_epoch)
+  decay_steps = jnp.maximum(1, num_steps - warmup) if traced(fields) else max(1, num_steps - warmup)
+  decay = schedules.SCHEDULES.get(fields.schedule)(peak, decay_steps, steps_per_epoch, fields)
   if not warmup:
     return decay
   return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), decay], [warmup])
+
+
+def traced(fields) -> bool:
+  """Whether the schedule `fields.schedule` takes the run's length traced (schedules.register's
+  `traced=True`)."""
+  return bool(schedules.SCHEDULES.options[fields.schedule].get("traced"))
+
+
+def length_traced(config, groups: dict) -> bool:
+  """Whether every schedule the optimizer uses takes the run's length traced: only then is the
+  length an argument of the compiled step (else the step holds it as a constant)."""
+  return traced(config) and all(traced(fields) for fields in groups.values())
+
+
+def logged_schedules(config, steps_per_epoch: int, num_steps: int, groups: dict) -> dict:
+  """{record field: step -> learning rate}: what the optimizer applies, by the same functions:
+  `learning_rate` (the config's own, for parameters no group takes) and each group's
+  `learning_rate/GROUP`."""
+  logged = {"learning_rate": learning_rate_schedule(config, steps_per_epoch, num_steps)}
+  for name, fields in groups.items():
+    schedule = group_schedule(config, fields, steps_per_epoch, num_steps)
+    if OPTIMIZERS.options[fields.optimizer].get("frozen"):  # never updated: no rate applies
+      schedule = optax.constant_schedule(0.0)
+    logged[f"learning_rate/{name}"] = schedule
+  return logged
+
+
+def group_schedule(config, fields, steps_per_epoch: int, num_steps):
+  """A parameter group's schedule: over its `train_fraction` of the run's steps, 0 after."""
+  if traced(fields):
+    steps = jnp.maximum(1, jnp.round(fields.train_fraction * num_steps).astype(jnp.int32))
+  else:
+    steps = max(1, round(fields.train_fraction * num_steps))
+  schedule = learning_rate_schedule(config, steps_per_epoch, steps, fields)
+  return _until(schedule, steps) if fields.train_fraction < 1 else schedule
 
 
 def _kernels_only(params):
@@ -253,12 +272,8 @@ def create_optimizer(
   if not config.param_groups:
     return optax.chain(*chain, *default)
   transforms = {DEFAULT: optax.chain(*default)}
-  for name, fields in groups.items():
-    steps = jnp.maximum(1, jnp.round(fields.train_fraction * num_steps).astype(jnp.int32))
-    group_schedule = learning_rate_schedule(config, steps_per_epoch, steps, fields.learning_rate)
-    if fields.train_fraction < 1:  # 0 once its share of training is over
-      group_schedule = _until(group_schedule, steps)
-    group = _transforms(fields, group_schedule)
+  for name, fields in groups.items():  # each group's schedule, 0 once its share is over
+    group = _transforms(fields, group_schedule(config, fields, steps_per_epoch, num_steps))
     # Chained as before the registry, so the optimizer state keeps its layout and earlier
     # runs' checkpoints restore: muon and frozen alone, the others in a chain.
     decays_itself = OPTIMIZERS.options[fields.optimizer].get("decays_weights")

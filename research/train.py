@@ -55,7 +55,7 @@ class Training:
   # that names an axis the step lacks is a user error (steps.axis_checked).
   train_step: Callable
   augment: Callable  # the config's augmentation (research/augment.py build) -> float32 images
-  schedule: Callable  # step -> learning rate
+  schedules: dict  # {record field: step -> the learning rate the optimizer applies}
   num_steps: int
   per_device_batch: int
   micro_batch: int  # examples per forward/backward pass on each device
@@ -83,10 +83,11 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
   num_steps = config.num_train_steps
   if num_steps <= 0:
     num_steps = config.num_epochs * inputs.steps_per_epoch
-  schedule = optim.learning_rate_schedule(config, inputs.steps_per_epoch, num_steps)
+  schedules = optim.logged_schedules(config, inputs.steps_per_epoch, num_steps, checked.groups)
+  traced = optim.length_traced(config, checked.groups)
 
   def optimizer(horizon=None):  # over `horizon` steps (traced in the step), else num_steps
-    horizon = num_steps if horizon is None else horizon
+    horizon = num_steps if horizon is None or not traced else horizon
     return optim.create_optimizer(config, inputs.steps_per_epoch, horizon, None, checked.groups)
 
   tx = optimizer()
@@ -130,7 +131,7 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
     _from_data(config, inputs, checked.eval_preprocess.first_view, seeds),
     train_step,
     checked.augment,
-    schedule,
+    schedules,
     num_steps,
     checked.per_device_batch,
     micro_batch,
@@ -345,7 +346,7 @@ def train_and_evaluate(
   log.images("augmented_batch", preview, start_step)
   wait_for_all(f"compiled-{start_step}")  # the step's first collectives start together
   batches = itertools.chain([first_batch], stream)
-  progress = Progress(config, log, training.schedule, start_step, num_steps, echo, checkpoints)
+  progress = Progress(config, log, training.schedules, start_step, num_steps, echo, checkpoints)
   # The signal handlers stay until the last checkpoint is on disk: a second Ctrl-C while it is
   # written aborts at once.
   with Preemption(every=config.log_every_steps) as preemption:
@@ -659,10 +660,11 @@ class Clock:
 class Progress:
   """A train record at log steps: one metrics fetch, the NaN check, the line and its notes."""
 
-  def __init__(self, config, log, schedule, start_step: int, num_steps: int, echo, checkpoints):
+  def __init__(self, config, log, schedules, start_step: int, num_steps: int, echo, checkpoints):
     self.config, self.log, self.echo = config, log, echo
     # One call per record, not one per jnp op in it; compiled now, not inside the timed span
-    self.schedule = jax.jit(schedule).lower(np.int32(0)).compile()
+    rates = lambda step: {name: schedule(step) for name, schedule in schedules.items()}
+    self.learning_rates = jax.jit(rates).lower(np.int32(0)).compile()
     self.start_step, self.num_steps = start_step, num_steps
     self.checkpoints = checkpoints  # named when training stops on NaN
     self.seeds = steps.seeds_of(config)
@@ -694,7 +696,7 @@ class Progress:
     record = {
       "step": step,
       **{name: float(np.mean(v)) for name, v in values.items()},
-      "learning_rate": float(self.schedule(np.int32(step - 1))),
+      **{k: float(v) for k, v in self.learning_rates(np.int32(step - 1)).items()},
       "examples_per_sec": len(fetched) * self.config.batch_size / training,
       "sec_per_batch": training / len(fetched),
       "input_wait_fraction": input_wait / training,

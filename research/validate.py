@@ -14,7 +14,7 @@ from typing import NamedTuple
 import ml_collections
 
 from research import augment as augment_lib
-from research import configuration, data, losses, metrics, models, optim, steps
+from research import configuration, data, losses, metrics, models, optim, schedules, steps
 from research.data import PLACEMENTS, check_num_classes
 from research.errors import UserError
 
@@ -135,6 +135,7 @@ def _param_groups(config) -> dict:
     optim.OPTIMIZERS.get(fields.optimizer, config.modules, field)
     _in_ranges(fields, GROUP_RANGES, prefix=f"param_groups.{name}.")
     _choice(f"param_groups.{name}.muon_dtype", fields.muon_dtype, ("model", *DTYPES))
+    schedules.SCHEDULES.get(fields.schedule, config.modules, f"param_groups.{name}.schedule")
   return groups
 
 
@@ -210,7 +211,7 @@ def train_config(config: ml_collections.ConfigDict, n_devices: int) -> Checked:
       "the model never trained on; end both with the same value ops "
       f"({', '.join(sorted(augment_lib.VALUE_OPS))})"
     )
-  _choice("schedule", config.schedule, optim.SCHEDULES)
+  schedules.SCHEDULES.get(config.schedule, config.modules)
   optim.OPTIMIZERS.get(config.optimizer, config.modules)
   if optim.OPTIMIZERS.options[config.optimizer].get("groups_only"):
     raise UserError(

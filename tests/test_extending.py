@@ -17,8 +17,9 @@ import numpy as np
 import optax
 from PIL import Image
 
-from research import augment, losses, steps
+from research import augment, configuration, losses, models, steps
 from research.inputs import first_replica, replicate
+from research.train import train_and_evaluate
 
 ROOT = Path(__file__).parent.parent
 GUIDE = (ROOT / "docs" / "extending.md").read_text()
@@ -160,3 +161,39 @@ def test_the_guide_s_sam_step_applies_the_gradient_at_the_perturbed_weights(tmp_
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(first_replica(metrics)["loss"], loss(state.params), rtol=1e-5)
   assert first_replica(metrics)["sam_loss"] > first_replica(metrics)["loss"]  # uphill
+
+
+@steps.register("test_applied_learning_rate")
+def _applied_learning_rate(state, batch, run):
+  """The shipped step, which also reports the learning rate its update applied: plain SGD
+  moves the parameters by lr times the gradient."""
+  new_state, metrics = steps.standard_step(state, batch, run)
+  moved = optax.tree.norm(jax.tree.map(lambda a, b: a - b, new_state.params, state.params))
+  metrics["applied_learning_rate"] = moved / metrics["grad_norm"]
+  return new_state, metrics
+
+
+models.register("test_linear")(lambda model_config, axis_name: _Linear())
+
+
+# Each parameter after the update is rounded to a unit (6e-8) of itself, and so is its
+# difference from before: the moved norm is off by at most 2·6e-8·|params| = 1e-6 here, against
+# moves of lr·|g| >= 3e-3 once the warm-up's first step (lr 0, moved exactly 0) is past.
+def test_the_logged_learning_rate_is_the_one_applied_under_the_guide_s_schedule(tmp_path):
+  _guide_module("myexp/parts.py", tmp_path)  # registers warmup_cosine
+  config = configuration.load("configs/cifar_keras_cnn.py:smoke")
+  config.model.name, config.step = "test_linear", "test_applied_learning_rate"
+  config.update(synthetic_train_size=64, synthetic_test_size=16, synthetic_image_size=4)
+  config.update(batch_size=16, eval_batch_size=16, num_train_steps=-1, num_epochs=3)
+  config.update(log_every_steps=1, optimizer="sgd", momentum=0.0, weight_decay=0.0)
+  config.update(schedule="warmup_cosine", learning_rate=0.5, lr_batch_size=0, augment="")
+  config.warmup_steps = 4
+  train_and_evaluate(config, str(tmp_path / "run"))
+  records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+  trained = [r for r in records if "loss" in r]
+  assert [r["step"] for r in trained] == list(range(1, 13))  # 3 epochs of 4 steps: 12
+  logged = np.array([r["learning_rate"] for r in trained])
+  applied = np.array([r["applied_learning_rate"] for r in trained])
+  np.testing.assert_allclose(applied, logged, rtol=1e-4, atol=1e-6)
+  expected = optax.warmup_cosine_decay_schedule(0.0, 0.5, 4, 12)(np.arange(12))
+  np.testing.assert_allclose(logged, expected, rtol=1e-6)  # told the length the epochs set

@@ -44,7 +44,7 @@ SLICE = Path(__file__).parent / "data" / "cifar10_slice"  # real JPEGs, 10 class
     ("--config.model.name=nonexistent", "model.name='nonexistent' is not a registered model"),
     ("--config.model.name=vgg16", "model.name='vgg16' is not a registered model"),
     ("--config.loss_reduction=total", "loss_reduction='total' is not one of mean, sum"),
-    ("--config.schedule=cosin", "schedule='cosin' is not one of cosine, linear, "),
+    ("--config.schedule=cosin", "schedule='cosin' is not a registered schedule (did you mean"),
     ("--config.augment=crop(4)|tta", "ends in a views op; views are for eval_preprocess"),
     ("--config.eval_preprocess=tta|standardize", "comes after a views op, which must be last"),
     ("--config.batch_size=-64", "batch_size=-64 must be a whole number >= 1"),
