@@ -84,6 +84,9 @@ def training_defaults() -> ml_collections.ConfigDict:
   c.rms_eps_in_sqrt = False  # False as Keras 2 (g / (sqrt(v) + eps)); True as TF's RMSProp
   c.weight_decay = 0.0  # L2 on conv/dense kernels only, added to the gradient
   c.grad_clip_norm = 0.0  # clip the global gradient norm; 0 = off
+  # An exponential moving average of the weights, updated once a step (ema = decay · ema +
+  # (1 - decay) · params), which evals, predict, trained.load and init_from then use; 0 = off
+  c.ema_decay = 0.0
   c.loss = "cross_entropy"  # registered (research/losses.py); the eval reports cross-entropy
   c.label_smoothing = 0.0
   c.loss_reduction = "mean"  # over the global batch; "sum": the mean times the global batch

@@ -44,6 +44,7 @@ def _mismatch(saved: dict, wanted: dict) -> str:
     "params": "the parameters",
     "batch_stats": "the BatchNorm statistics",
     "opt_state": "the optimizer state (optimizer, grad_clip_norm or weight_decay changed?)",
+    "ema_params": "the EMA of the weights (ema_decay turned on or off?)",
   }
   parts = sorted({p.split("/")[0] for p in problems})  # each problem starts with its path
   where = " and ".join(names.get(part, part) for part in parts)

@@ -32,6 +32,13 @@ AXIS = "batch"
 
 class TrainState(train_state.TrainState):
   batch_stats: Any  # BatchNorm running statistics; identical on every replica
+  # config.ema_decay > 0: the exponential moving average of `params`, updated once a step,
+  # which evals, predictions and fine-tunes use; None where it is off
+  ema_params: Any = None
+
+  def eval_weights(self):
+    """This state with the weights the evals use: the EMA of the parameters where it is on."""
+    return self if self.ema_params is None else self.replace(params=self.ema_params)
 
 
 class Examples(NamedTuple):
@@ -281,7 +288,12 @@ class Run:
     # must match what it was given).
     tx = state.tx if self.optimizer is None else self.optimizer(self.horizon)
     new_state = state.replace(tx=tx).apply_gradients(grads=grads, batch_stats=batch_stats)
-    return new_state.replace(tx=state.tx)
+    new_state = new_state.replace(tx=state.tx)
+    if state.ema_params is None:
+      return new_state
+    decay = self.config.ema_decay  # once a step: the same on any device count and micro-batch
+    ema = jax.tree.map(lambda e, p: decay * e + (1 - decay) * p, state.ema_params, new_state.params)
+    return new_state.replace(ema_params=ema)
 
   def metrics(self, out: Gradients, grads, new_state) -> dict:
     """The step's metrics averaged over the devices, with the norms of the averaged gradient
@@ -419,6 +431,8 @@ def create_train_state(rng, config, model, image_shape, tx, seeds=None) -> Train
 
   apply_fn = models.apply_fn(model)  # called with train=, whatever the model names it
 
+  ema = config is not None and config.get("ema_decay", 0) > 0
+
   def state(rng):
     variables, opt_state = compiled(rng)
     return jax.device_get(
@@ -429,6 +443,7 @@ def create_train_state(rng, config, model, image_shape, tx, seeds=None) -> Train
         tx=tx,
         opt_state=opt_state,
         batch_stats=variables.get("batch_stats", {}),
+        ema_params=variables["params"] if ema else None,  # the run's start sets it again
       )
     )
 

@@ -410,6 +410,8 @@ def _initial_state(config, training: Training, checkpoints, workdir: Path, warm)
     start = time.perf_counter()
     state = training.from_data(state)
     times["init_from_data_sec"] = time.perf_counter() - start
+  if not start_step and state.ema_params is not None:  # the average starts at the first weights
+    state = state.replace(ema_params=state.params)
   return state, times
 
 
@@ -542,7 +544,9 @@ def seeds_that_fit(compiled, state, seeds: int) -> str:
 def evaluate(training: Training, rstate, step: int, log, clock, all_views=True, **extra) -> dict:
   """An eval record, logged; periodic evals (all_views=False) use the eval's first view only."""
   start = time.perf_counter()
-  record = eval_record(step, training.inputs.evaluate(rstate, all_views), training.seeds)
+  totals = training.inputs.evaluate(rstate.eval_weights(), all_views)
+  record = eval_record(step, totals, training.seeds)
+  record["eval_weights"] = "params" if rstate.ema_params is None else "ema"
   record["eval_sec"] = time.perf_counter() - start
   record["elapsed_sec"] = clock.since_launch()  # this launch's wall clock, as train records'
   record.update(extra)

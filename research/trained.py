@@ -163,12 +163,19 @@ def load(workdir, step: int | None = None, seed: int | None = None) -> Trained:
   workdir = Path(workdir)
   config = run_config(workdir)
   step, state = checkpoint.read(workdir, step)
-  variables = {"params": state["params"], "batch_stats": state.get("batch_stats", {})}
+  variables = {"params": used_params(state), "batch_stats": state.get("batch_stats", {})}
   seeds = run_seeds(config)
   if seed is not None:
     variables, seeds = one_seed(variables, config, seed, f"{workdir} seed={seed}"), ()
   model = models.create(config.model, None)
   return Trained(config, run_classes(workdir, config), variables, model, step, seeds)
+
+
+def used_params(state: dict):
+  """The weights a saved train state is used with: the EMA of its parameters where the run kept
+  one (`ema_decay`), else its parameters."""
+  ema = state.get("ema_params")
+  return state["params"] if ema is None else ema
 
 
 def run_seeds(config) -> tuple:
@@ -208,9 +215,10 @@ def evaluate(workdir, step: int | None = None, overrides=()) -> dict:
     _check_classes(config.data_dir, folder.class_dirs(train), recorded)
   inputs = inputs_lib.for_run(config, checked)  # other datasets' classes follow from config
   model = models.create(config.model, AXIS)
-  weights = Weights(state["params"], state.get("batch_stats", {}), models.apply_fn(model))
+  weights = Weights(used_params(state), state.get("batch_stats", {}), models.apply_fn(model))
   start = time.perf_counter()
   record = eval_record(step, inputs.evaluate(replicate(weights), True), run_seeds(config))
+  record["eval_weights"] = "ema" if state.get("ema_params") is not None else "params"
   record.update(eval_sec=time.perf_counter() - start, time=time.time())
   record["overrides"] = dict(overrides)
   print(format_eval_line(record), flush=True)
@@ -342,6 +350,7 @@ def check_warm_start(config, augment, model) -> Source:
   workdir, step = warm_start_source(config)
   step, saved = checkpoint.read(workdir, step)
   saved = _source_seed(config, workdir, saved)
+  saved = {**saved, "params": used_params(saved)}  # the EMA's weights, where the run kept one
   size = stored_size(config)  # the model's input is made from stored examples of this side
   example = jax.ShapeDtypeStruct((1, size, size, 3), jnp.uint8)
   images = jax.eval_shape(augment, jax.random.key(0), example)

@@ -52,6 +52,7 @@ RANGES = (
   ("weight_decay", ">= 0", lambda x: x >= 0),
   ("grad_clip_norm", ">= 0 (0: off)", lambda x: x >= 0),
   ("label_smoothing", "in [0, 1)", lambda x: 0 <= x < 1),
+  ("ema_decay", "in [0, 1) (0: off)", lambda x: 0 <= x < 1),
   ("aux_loss_weight", ">= 0", lambda x: x >= 0),
   ("resident_max_gb", "> 0", lambda x: x > 0),
   ("replicate_max_gb", ">= 0", lambda x: x >= 0),

@@ -3,6 +3,7 @@ checkpoints, NaN stops, TensorBoard output."""
 
 import json
 import random
+import re
 import shlex
 import shutil
 import signal
@@ -22,8 +23,14 @@ from research.errors import UserError
 from research.train import train_and_evaluate
 
 SMOKE = "configs/cifar_vgg.py:smoke"
-# Short, with a log record every step and a checkpoint every 2 steps.
-SETTINGS = {"num_train_steps": 14, "log_every_steps": 1, "checkpoint_every_steps": 2}
+# Short, with a log record every step, a checkpoint every 2 steps and an EMA of the weights,
+# which the eval uses (so every resume here checks that the EMA resumed exactly too).
+SETTINGS = {
+  "num_train_steps": 14,
+  "log_every_steps": 1,
+  "checkpoint_every_steps": 2,
+  "ema_decay": 0.9,
+}
 ARGS = [f"--config.{field}={value}" for field, value in SETTINGS.items()]
 
 
@@ -148,18 +155,19 @@ def uninterrupted(uninterrupted_workdir):
 
 
 def test_resume_after_sigkill_is_exact(uninterrupted, tmp_path, capsys):
-  kill_at = random.Random().randint(3, 12)
-  process = _start(tmp_path)
-  _wait_for_step(tmp_path, kill_at, process)
-  # A SIGKILL during the first checkpoint's background write leaves nothing to resume from.
-  _wait_for_a_checkpoint(tmp_path, process)
-  process.send_signal(signal.SIGKILL)
-  process.wait(timeout=60)
+  # The run kills itself once step `kill_at` is logged: by then the checkpoint of step 2 is
+  # complete (each save waits for the write before it), and steps are left to take.
+  kill_at = random.Random().randint(5, 12)
+  process = _start_stopping_itself(tmp_path, signal.SIGKILL, kill_at)
+  _finish(process, returncode=-signal.SIGKILL)  # it died of the kill, not finished first
   capsys.readouterr()
   _train_here(tmp_path)
   output = capsys.readouterr().out
-  assert "resumed from the checkpoint at step" in output, output
-  assert _final(tmp_path) == uninterrupted, f"killed at step {kill_at}"  # bit-for-bit
+  resumed = int(re.search(r"resumed from the checkpoint at step (\d+)", output)[1])
+  assert resumed < SETTINGS["num_train_steps"], output  # it had steps left to take
+  final = _final(tmp_path)
+  assert final == uninterrupted, f"killed at step {kill_at}"  # bit-for-bit, the EMA's eval too
+  assert _records(tmp_path)[-1]["eval_weights"] == "ema"
 
 
 @pytest.mark.parametrize(
@@ -188,11 +196,12 @@ def test_sigterm_or_ctrl_c_writes_a_checkpoint_and_the_rerun_ends_as_uninterrupt
 
 
 def test_ctrl_c_before_training_exits_130_and_saves_nothing(tmp_path):
-  """Ctrl-C between the banner line and the first step (the preview, the compile). The exit
-  skips the interpreter's teardown, which could crash under JAX's busy threads (SIGSEGV)."""
+  """Ctrl-C between the banner line and the first step (during the augmented batch's preview,
+  after the compile). The exit skips the interpreter's teardown, which could crash under JAX's
+  busy threads (SIGSEGV)."""
   output = _finish(_start_stopping_itself(tmp_path, signal.SIGINT, "preview"), returncode=130)
   assert " parameters | " in output  # the banner: training was being set up
-  assert "\ninterrupted\n" in output and "compiled the train step" not in output, output
+  assert "\ninterrupted\n" in output and "\nstep 1," not in output, output
   assert not any((tmp_path / "checkpoints").glob("*"))
 
 
@@ -266,7 +275,7 @@ def test_checkpoint_from_8_devices_restores_the_same_state_on_1(uninterrupted_wo
 def test_resuming_with_fewer_steps_than_the_checkpoint_is_an_error(uninterrupted_workdir, tmp_path):
   shutil.copytree(uninterrupted_workdir, tmp_path, dirs_exist_ok=True)
   records = (tmp_path / "metrics.jsonl").read_text()
-  config = _smoke_config(num_train_steps=10, log_every_steps=1, checkpoint_every_steps=2)
+  config = _smoke_config(**{**SETTINGS, "num_train_steps": 10})
   with pytest.raises(UserError, match="checkpoint of step 14, past this run's 10 steps; resume"):
     train_and_evaluate(config, str(tmp_path))
   assert (tmp_path / "metrics.jsonl").read_text() == records  # no eval labelled step 10
@@ -296,9 +305,10 @@ def test_a_checkpoint_that_does_not_fit_the_config_is_an_error_and_nothing_moves
   changes = {
     "optimizer state": lambda c: c.update(grad_clip_norm=1.0),
     "parameter shapes": lambda c: c.model.update(width=0.25),
+    "the EMA of the weights": lambda c: c.update(ema_decay=0.0),
   }
   for what, change in changes.items():
-    config = _smoke_config(num_train_steps=16)
+    config = _smoke_config(num_train_steps=16, ema_decay=SETTINGS["ema_decay"])
     change(config)
     with pytest.raises(UserError, match="does not fit this config: .*new --workdir") as e:
       train_and_evaluate(config, str(tmp_path))

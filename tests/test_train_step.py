@@ -192,7 +192,7 @@ def test_micro_batches_take_the_step_of_the_whole_batch_dropout_included():
   config.batch_size = 256  # 32 per device: the CPU default splits it into 2 micro-batches
   # Plain SGD at lr 1 makes the step's update its gradient: parameters after − before = −g.
   config.update(optimizer="sgd", momentum=0.0, learning_rate=1.0, lr_batch_size=0)
-  config.schedule = "constant"
+  config.schedule, config.ema_decay = "constant", 0.75
   training = setup(config)
   assert training.micro_batch == 16
   whole = functools.partial(training.train_step, micro_batch=None)
@@ -204,6 +204,9 @@ def test_micro_batches_take_the_step_of_the_whole_batch_dropout_included():
     for p_step in p_steps:
       rstate, metrics = p_step(replicate(state), next(training.inputs.batches(0)))
       gradient = flat(state.params) - flat(first_replica(rstate.params))
+      # The EMA moves once a step, by the step's update, however many micro-batches it took
+      ema = 0.75 * flat(state.ema_params) + 0.25 * flat(first_replica(rstate.params))
+      np.testing.assert_allclose(flat(first_replica(rstate.ema_params)), ema, rtol=1e-6, atol=1e-7)
       taken.append((first_replica(metrics)["loss"], gradient))
     (micro_loss, micro_gradient), (whole_loss, whole_gradient) = taken
     np.testing.assert_allclose(micro_loss, whole_loss, rtol=1e-5)

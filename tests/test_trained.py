@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from research import configuration, environment, metrics, trained
+from research import checkpoint, configuration, environment, metrics, trained
 from research.errors import EXIT_USER_ERROR, UserError
-from research.train import train_and_evaluate
+from research.train import setup, train_and_evaluate
 
 ROOT = Path(__file__).parent.parent
 SLICE = Path(__file__).parent / "data" / "cifar10_slice"  # 16 train + 8 test real JPEGs a class
@@ -313,3 +313,21 @@ sys.exit(trained.main(["predict", "WORKDIR", "a.jpg", "--output={output}"]))
   assert lines == ["predict interrupted (Ctrl-C); nothing more was written"], result.stderr
   assert output.read_text() == "an earlier file\n"
   assert list(tmp_path.iterdir()) == [output]
+
+
+def test_an_ema_run_evaluates_loads_and_fine_tunes_from_its_average(tmp_path):
+  config = _config(SLICE)
+  config.ema_decay = 0.5
+  final = train_and_evaluate(config, str(tmp_path / "run"))
+  assert final["eval_weights"] == "ema"
+  _, saved = checkpoint.read(tmp_path / "run")
+  leaves = jax.tree.leaves
+  pairs = lambda a, b: zip(leaves(a), leaves(b), strict=True)
+  assert any(not np.array_equal(a, b) for a, b in pairs(saved["ema_params"], saved["params"]))
+  for a, b in pairs(trained.load(tmp_path / "run").variables["params"], saved["ema_params"]):
+    np.testing.assert_array_equal(a, b)  # load and predict use the average
+  record = trained.evaluate(tmp_path / "run")
+  assert record["eval_weights"] == "ema" and record["eval_loss"] == final["eval_loss"]
+  config.update(init_from=str(tmp_path / "run"), ema_decay=0.0)
+  for a, b in pairs(setup(config, warm_start=True).state.params, saved["ema_params"]):
+    np.testing.assert_array_equal(a, b)  # a fine-tune starts from the average
