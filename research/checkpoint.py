@@ -21,7 +21,7 @@ import orbax.checkpoint as ocp
 from flax import serialization, traverse_util
 
 from research.errors import UserError
-from research.inputs import gather_processes, wait_for_all
+from research.placement import gather_processes, wait_for_all
 
 
 def _layout(tree) -> dict:

@@ -87,7 +87,7 @@ def check_processes_agree(config) -> None:
   data_dir may differ (a copy on each host); research/train.py compares the data itself."""
   import jax
 
-  from research.inputs import same_in_every_process
+  from research.placement import same_in_every_process
 
   fields = {k: v for k, v in json.loads(config.to_json()).items() if k != "data_dir"}
   if not same_in_every_process(fields):

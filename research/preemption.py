@@ -32,7 +32,7 @@ import numpy as np
 
 from research import peers
 from research.errors import EXIT_INTERRUPTED
-from research.inputs import gather_processes
+from research.placement import gather_processes
 
 
 class Preemption:

@@ -20,14 +20,12 @@ from flax.training import train_state
 from jax import lax
 
 from research import models
+from research import seeds as seeds_lib
 from research.cpu_forms import cpu_forms_applied
 from research.errors import UserError
 from research.metrics import EVAL_METRICS
+from research.placement import AXIS  # the one pmap axis, 'batch'
 from research.registry import Registry
-
-# The one pmap axis: every lax.pmean/psum and every BatchNorm names it. 'batch', as flax's
-# examples name theirs: a model copied from them runs as written.
-AXIS = "batch"
 
 
 class TrainState(train_state.TrainState):
@@ -57,57 +55,6 @@ def run_keys(seed):
   """(init, shuffle, step) keys of a run with `seed` (an int, traced or not): what its
   parameters, data order and steps draw from."""
   return tuple(jax.random.split(jax.random.key(seed), 3))
-
-
-def seeds_of(config) -> tuple:
-  """The seeds a run of `config` trains in one program: seed, seed + 1, ... (`config.seeds` of
-  them; one for a run recorded before the field)."""
-  return tuple(range(config.seed, config.seed + config.get("seeds", 1)))
-
-
-def seed_part(batch, batch_axes, index: int, axis: int = 0):
-  """Seed `index`'s part of `batch`: the parts whose `batch_axes` (as `seeded` takes them) is 0
-  indexed at `axis` (0 inside the pmap, 1 for a pmapped batch [devices, seeds, ...]); the
-  parts with None (the data, shared by the seeds) as they are."""
-  at = (slice(None),) * axis + (index,)
-  part = lambda seed_axis, x: jax.tree.map(lambda a: a[at], x) if seed_axis == 0 else x
-  return jax.tree.map(part, batch_axes, batch, is_leaf=lambda a: a is None)
-
-
-def seeded(train_step, seeds, batch_axes, *, vectorized: bool = False):
-  """`train_step` for `len(seeds)` runs at once (`config.seeds`): the state has a leading seed
-  axis, and so has each part of the batch whose `batch_axes` (a vmap in_axes prefix of the
-  batch) is 0 (the data order); the parts with None (the data itself) are shared. Each seed's
-  step draws from its own keys, the step's and its examples' own, as its single run would.
-
-  `vectorized`: the seeds' steps are one batched computation (`jax.vmap`; collectives batch
-  over the seeds, each averaged apart); else (`seeds_mode="unroll"`, the default) each seed's
-  step is traced apart in the program, as the step's micro-batches are: the single step's
-  kernels, which XLA may run side by side; the compile grows with the seeds. BENCHMARKS.md
-  measures both, on a CPU and a GPU."""
-  seeds = np.asarray(seeds, np.int32)
-
-  def step(state, batch, horizon=None):
-    def one(state, batch, seed):
-      return train_step(state, batch, horizon, seed)
-
-    if vectorized:
-      return jax.vmap(one, in_axes=(0, batch_axes, 0))(state, batch, seeds)
-    states = unstack(state, len(seeds))
-    outs = [one(states[i], seed_part(batch, batch_axes, i), seed) for i, seed in enumerate(seeds)]
-    return jax.tree.map(lambda *xs: jnp.stack(xs), *outs)
-
-  return step
-
-
-def stack(trees):
-  """Trees of the same structure as one with a leading axis (seed i at index i), on the host."""
-  return jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *trees)
-
-
-def unstack(tree, count: int) -> list:
-  """`stack`'s inverse: the `count` trees along the leading axis."""
-  return [jax.tree.map(lambda x, i=i: x[i], tree) for i in range(count)]
 
 
 def step_of(state) -> int:
@@ -449,4 +396,4 @@ def create_train_state(rng, config, model, image_shape, tx, seeds=None) -> Train
 
   if seeds is None:
     return state(rng)
-  return stack([state(run_keys(seed)[0]) for seed in seeds])
+  return seeds_lib.stack([state(run_keys(seed)[0]) for seed in seeds])

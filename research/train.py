@@ -31,10 +31,12 @@ from research import checkpoint, losses, models, optim, steps, trained, validate
 from research import data as data_lib
 from research import inputs as inputs_lib
 from research import metrics as metrics_lib
+from research import seeds as seeds_lib
 from research import workdir as workdir_lib
 from research.errors import UserError
-from research.inputs import Inputs, first_replica, replicate, same_in_every_process, wait_for_all
+from research.inputs import Inputs
 from research.metrics import MetricsLog, eval_record
+from research.placement import first_replica, replicate, same_in_every_process, wait_for_all
 from research.preemption import Preempted, Preemption
 from research.steps import AXIS, TrainState, create_train_state
 
@@ -76,7 +78,7 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
     _check_outputs(config, model, checked.augment, (*[trained.stored_size(config)] * 2, 3))
   source = trained.check_warm_start(config, checked.augment, model) if warm_start else None
   init_key = steps.run_keys(config.seed)[0]
-  seeds = steps.seeds_of(config)
+  seeds = seeds_lib.seeds_of(config)
   inputs = inputs_lib.for_run(config, checked)
   if not known:  # a registered dataset's arrays, loaded
     _check_outputs(config, model, checked.augment, inputs.example_shape)
@@ -97,10 +99,10 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
   several = seeds if len(seeds) > 1 else None
   state = create_train_state(init_key, config, model, model_input.shape[1:], tx, several)
   # Each seed takes init_from's weights, as its single run would (warm None: from scratch)
-  states = steps.unstack(state, len(seeds)) if several else [state]
+  states = seeds_lib.unstack(state, len(seeds)) if several else [state]
   warmed = [trained.warm_start(s, source) for s in states]
   one, warm = warmed[0]  # seed 0's state: the shapes
-  state = steps.stack([s for s, _ in warmed]) if several else one
+  state = seeds_lib.stack([s for s, _ in warmed]) if several else one
   micro_batch = steps.micro_batch_size(
     config.micro_batch_size,
     checked.per_device_batch,
@@ -122,7 +124,7 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
   )
   if several:
     vectorized = config.seeds_mode == "vmap"
-    train_step = steps.seeded(train_step, seeds, inputs.seed_axes, vectorized=vectorized)
+    train_step = seeds_lib.seeded(train_step, seeds, inputs.seed_axes, vectorized=vectorized)
   train_step = steps.axis_checked(train_step, config.model.name)
   return Training(
     inputs,
@@ -206,8 +208,8 @@ class FromData:
     )
     if len(self.seeds) == 1:
       return one(state, self._images[0])
-    states = steps.unstack(state, len(self.seeds))
-    return steps.stack([one(s, x) for s, x in zip(states, self._images, strict=True)])
+    states = seeds_lib.unstack(state, len(self.seeds))
+    return seeds_lib.stack([one(s, x) for s, x in zip(states, self._images, strict=True)])
 
 
 def _banner(text: str) -> str:
@@ -340,7 +342,7 @@ def train_and_evaluate(
   seed_0 = (
     first_batch
     if inputs.seed_axes is None
-    else steps.seed_part(first_batch, inputs.seed_axes, 0, axis=1)
+    else seeds_lib.seed_part(first_batch, inputs.seed_axes, 0, axis=1)
   )  # the first seed's batch: the preview is of what it trains on
   preview = augmented_preview(inputs.gather, training.augment, start_step, seed_0)
   log.images("augmented_batch", preview, start_step)
@@ -671,7 +673,7 @@ class Progress:
     self.learning_rates = jax.jit(rates).lower(np.int32(0)).compile()
     self.start_step, self.num_steps = start_step, num_steps
     self.checkpoints = checkpoints  # named when training stops on NaN
-    self.seeds = steps.seeds_of(config)
+    self.seeds = seeds_lib.seeds_of(config)
     self.single_process = jax.process_count() == 1
     self.is_main = jax.process_index() == 0
     self.warned_long = False

@@ -45,11 +45,12 @@ from flax import traverse_util
 from research import augment as augment_lib
 from research import checkpoint, configuration, environment, models, steps, validate
 from research import inputs as inputs_lib
+from research import seeds as seeds_lib
 from research import workdir as workdir_lib
 from research.data import folder
 from research.errors import EXIT_USER_ERROR, UserError, exit_interrupted
-from research.inputs import replicate
 from research.metrics import eval_record, format_eval_line
+from research.placement import replicate
 from research.steps import AXIS
 
 EVALS = "evals.jsonl"  # one record per `eval`, in the workdir
@@ -180,7 +181,7 @@ def used_params(state: dict):
 
 def run_seeds(config) -> tuple:
   """The seeds a run of `config` trained in one program; () for one seed."""
-  seeds = steps.seeds_of(config)
+  seeds = seeds_lib.seeds_of(config)
   return seeds if len(seeds) > 1 else ()
 
 

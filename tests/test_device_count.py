@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from research import augment, configuration, environment, inputs, steps
-from research.inputs import replicate, to_devices
+from research.placement import replicate, to_devices
 from research.steps import AXIS
 from research.train import train_and_evaluate
 

@@ -10,7 +10,8 @@ import optax
 import pytest
 
 from research import augment, metrics, models
-from research.inputs import first_replica, pad_for_eval, replicate, resident_eval, upload_shards
+from research.inputs import pad_for_eval, resident_eval
+from research.placement import first_replica, replicate, upload_shards
 from research.steps import AXIS, create_train_state
 
 

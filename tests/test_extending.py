@@ -18,7 +18,7 @@ import optax
 from PIL import Image
 
 from research import augment, configuration, losses, models, steps
-from research.inputs import first_replica, replicate
+from research.placement import first_replica, replicate
 from research.train import train_and_evaluate
 
 ROOT = Path(__file__).parent.parent

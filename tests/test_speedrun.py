@@ -14,8 +14,8 @@ import pytest
 
 from research import augment, configuration, cpu_forms, optim, steps, validate
 from research.errors import UserError
-from research.inputs import first_replica, replicate
 from research.models import speedrun
+from research.placement import first_replica, replicate
 from research.steps import AXIS
 from research.train import setup, train_and_evaluate
 

@@ -15,7 +15,7 @@ from jax import lax
 
 from research import augment, configuration, cpu_forms, inputs, losses, models, steps
 from research.data import ImageDataset
-from research.inputs import first_replica, replicate
+from research.placement import first_replica, replicate
 from research.steps import AXIS, create_train_state, train_step
 from research.train import setup
 

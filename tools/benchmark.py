@@ -53,7 +53,7 @@ from research import inputs as inputs_lib
 from research import workdir as workdir_lib
 from research.data import folder
 from research.errors import EXIT_USER_ERROR, UserError, exit_interrupted
-from research.inputs import replicate
+from research.placement import replicate
 from research.steps import AXIS
 from research.train import compile_step, setup, train_and_evaluate
 

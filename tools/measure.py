@@ -245,7 +245,7 @@ def step_speed(config, steps: int, rounds: int = 1) -> dict:
   `rounds` timings of `steps` steps, each kept where there are several), and its FLOPs."""
 
   from research import train
-  from research.inputs import replicate
+  from research.placement import replicate
   from tools import benchmark
 
   config.update(

@@ -31,7 +31,7 @@ import numpy as np
 from jax import lax
 
 from research.errors import UserError
-from research.inputs import to_devices
+from research.placement import to_devices
 
 MODES = ("strong", "weak")
 DTYPES = ("float32", "bfloat16", "float16")
