@@ -22,7 +22,7 @@ def _smoke(c):
   # Less noise than the default 0.6: without BatchNorm this model has only begun to separate
   # those classes by step 24, and its eval accuracy there swings with float rounding: at 0.2
   # it stays well above chance on every device count, XLA optimization level and CPU kernel
-  # measured (BENCHMARKS.md, "The test suite").
+  # measured (2026-11-26; in the history of BENCHMARKS.md).
   c.synthetic_noise = 0.2
   c.keep_freed_host_memory = False  # compile-bound (configs/common.py)
 

@@ -97,7 +97,7 @@ def gather_processes(value) -> np.ndarray:
   process has run the gather. process_allgather waits for this process's first device alone:
   a process that then exits (on an error that every process raises from what it gathered)
   can leave a device of another process still connecting to it, whose own exit then hangs
-  (BENCHMARKS.md, "The test suite")."""
+  (found by tests/test_multiprocess.py)."""
   devices = np.asarray(jax.devices()).reshape(jax.process_count(), jax.local_device_count())
   mesh = jax.sharding.Mesh(devices, ("processes", "local"))
   spec = jax.sharding.PartitionSpec

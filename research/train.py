@@ -77,32 +77,72 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
   if known:  # before any image is decoded
     _check_outputs(config, model, checked.augment, (*[trained.stored_size(config)] * 2, 3))
   source = trained.check_warm_start(config, checked.augment, model) if warm_start else None
-  init_key = steps.run_keys(config.seed)[0]
   seeds = seeds_lib.seeds_of(config)
   inputs = inputs_lib.for_run(config, checked)
   if not known:  # a registered dataset's arrays, loaded
     _check_outputs(config, model, checked.augment, inputs.example_shape)
+  per_epoch = inputs.steps_per_epoch
   num_steps = config.num_train_steps
   if num_steps <= 0:
-    num_steps = config.num_epochs * inputs.steps_per_epoch
-  schedules = optim.logged_schedules(config, inputs.steps_per_epoch, num_steps, checked.groups)
-  traced = optim.length_traced(config, checked.groups)
+    num_steps = config.num_epochs * per_epoch
+  optimizer = _optimizer(config, checked.groups, per_epoch, num_steps)
+  state, warm = _first_state(config, model, inputs, checked.augment, optimizer(), source)
+  train_step, micro_batch = build_step(config, checked, inputs, state, optimizer)
+  return Training(
+    inputs,
+    seeds,
+    state,
+    _from_data(config, inputs, checked.eval_preprocess.first_view, seeds),
+    train_step,
+    checked.augment,
+    optim.logged_schedules(config, per_epoch, num_steps, checked.groups),
+    num_steps,
+    checked.per_device_batch,
+    micro_batch,
+    every_steps(config.eval_every_steps, config.eval_every_epochs, per_epoch),
+    every_steps(config.checkpoint_every_steps, config.checkpoint_every_epochs, per_epoch),
+    config.warm_up,
+    warm,
+  )
 
-  def optimizer(horizon=None):  # over `horizon` steps (traced in the step), else num_steps
+
+def _optimizer(config, groups: dict, steps_per_epoch: int, num_steps: int) -> Callable:
+  """`horizon -> optax transformation`, its schedules over `horizon` steps (the run's length
+  as the compiled step's argument, traced) where every schedule takes it traced, else over
+  `num_steps`; no horizon: over `num_steps`."""
+  traced = optim.length_traced(config, groups)
+
+  def optimizer(horizon=None):
     horizon = num_steps if horizon is None or not traced else horizon
-    return optim.create_optimizer(config, inputs.steps_per_epoch, horizon, None, checked.groups)
+    return optim.create_optimizer(config, steps_per_epoch, horizon, None, groups)
 
-  tx = optimizer()
+  return optimizer
+
+
+def _first_state(config, model, inputs: Inputs, augment, tx, source) -> tuple:
+  """(the run's initial state on the host, what it took from `init_from`'s `source` or None):
+  with several seeds, each seed's state stacked along a leading axis, each seed taking
+  init_from's weights as its single run would."""
+  init_key = steps.run_keys(config.seed)[0]
   example = np.zeros((1, *inputs.example_shape), np.uint8)
-  model_input = jax.eval_shape(checked.augment, init_key, example)  # what the model sees
-  # tx.init labels the parameters: a parameter group that matches none is an error here
+  model_input = jax.eval_shape(augment, init_key, example)  # what the model sees
+  seeds = seeds_lib.seeds_of(config)
   several = seeds if len(seeds) > 1 else None
+  # tx.init labels the parameters: a parameter group that matches none is an error here
   state = create_train_state(init_key, config, model, model_input.shape[1:], tx, several)
-  # Each seed takes init_from's weights, as its single run would (warm None: from scratch)
   states = seeds_lib.unstack(state, len(seeds)) if several else [state]
   warmed = [trained.warm_start(s, source) for s in states]
-  one, warm = warmed[0]  # seed 0's state: the shapes
-  state = seeds_lib.stack([s for s, _ in warmed]) if several else one
+  state = seeds_lib.stack([s for s, _ in warmed]) if several else warmed[0][0]
+  return state, warmed[0][1]
+
+
+def build_step(config, checked, inputs: Inputs, state, optimizer) -> tuple[Callable, int]:
+  """(the run's train step for ONE device, its micro-batch): the registered step config.step
+  names, given the run's pieces (steps.Run), all but (state, batch, horizon, seed) bound
+  (several seeds: seeds.seeded, without a seed); traced, a model that names an axis the step
+  lacks is a user error (steps.axis_checked)."""
+  seeds = seeds_lib.seeds_of(config)
+  one = seeds_lib.unstack(state, len(seeds))[0] if len(seeds) > 1 else state  # the shapes
   micro_batch = steps.micro_batch_size(
     config.micro_batch_size,
     checked.per_device_batch,
@@ -122,28 +162,10 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
     frozen=optim.frozen_mask(config, one.params, checked.groups),
     optimizer=optimizer,
   )
-  if several:
+  if len(seeds) > 1:
     vectorized = config.seeds_mode == "vmap"
     train_step = seeds_lib.seeded(train_step, seeds, inputs.seed_axes, vectorized=vectorized)
-  train_step = steps.axis_checked(train_step, config.model.name)
-  return Training(
-    inputs,
-    seeds,
-    state,
-    _from_data(config, inputs, checked.eval_preprocess.first_view, seeds),
-    train_step,
-    checked.augment,
-    schedules,
-    num_steps,
-    checked.per_device_batch,
-    micro_batch,
-    every_steps(config.eval_every_steps, config.eval_every_epochs, inputs.steps_per_epoch),
-    every_steps(
-      config.checkpoint_every_steps, config.checkpoint_every_epochs, inputs.steps_per_epoch
-    ),
-    config.warm_up,
-    warm,
-  )
+  return steps.axis_checked(train_step, config.model.name), micro_batch
 
 
 def _check_outputs(config, model, augment, example_shape) -> None:
@@ -339,13 +361,7 @@ def train_and_evaluate(
   log = MetricsLog(workdir, dataset_used=inputs.name, enabled=is_main, echo=echo)
   if is_main:
     _announce(workdir, config, training, state, echo, warm)
-  seed_0 = (
-    first_batch
-    if inputs.seed_axes is None
-    else seeds_lib.seed_part(first_batch, inputs.seed_axes, 0, axis=1)
-  )  # the first seed's batch: the preview is of what it trains on
-  preview = augmented_preview(inputs.gather, training.augment, start_step, seed_0)
-  log.images("augmented_batch", preview, start_step)
+  _log_preview(log, training, start_step, first_batch)
   wait_for_all(f"compiled-{start_step}")  # the step's first collectives start together
   batches = itertools.chain([first_batch], stream)
   progress = Progress(config, log, training.schedules, start_step, num_steps, echo, checkpoints)
@@ -353,46 +369,90 @@ def train_and_evaluate(
   # written aborts at once.
   with Preemption(every=config.log_every_steps) as preemption:
     if is_main and signal.SIGINT in preemption.ignored:
-      echo(
-        "note: this run started with SIGINT ignored (a script's background job): Ctrl-C "
-        "does not stop it, SIGTERM does (docs/long_runs.md)"
-      )
+      echo(SIGINT_IGNORED)
     try:
-      clock, in_flight = Clock(), []  # in flight: metrics of steps not yet logged
-      for step in range(start_step + 1, num_steps + 1):
-        profiler.before(step)
-        rstate, metrics = p_train_step(rstate, clock.next_input(batches))
-        in_flight.append(metrics)
-        if len(in_flight) > 1:  # at most 2 steps in flight: the device always has the next one,
-          jax.block_until_ready(in_flight[-2])  # and a signal or an error is seen within a step
-        bar.update(1)
-        if progress.due(step, clock):
-          progress.write(step, in_flight, clock)
-          in_flight = []
-        profiler.after(step, rstate)
-        if preemption.stop_after(step):  # agreed by all processes: all save this step
-          if in_flight:  # the steps since the last record are recorded first
-            progress.write(step, in_flight, clock)
-          checkpoints.save(step, _finite_or_stop(first_replica(rstate), step, checkpoints))
-          raise Preempted(step, preemption.interrupted)
-        if step < num_steps:
-          _periodic(step, rstate, training, log, clock, checkpoints, echo)
-      jax.block_until_ready(rstate)
-      train_sec = clock.training()  # compile, evals and checkpoints excluded
-      preemption.training = False
-      # The last checkpoint first, then the final eval (every view): a stop during the eval
-      # loses no training, and the write overlaps the eval.
-      checkpoints.save(num_steps, _finite_or_stop(first_replica(rstate), num_steps, checkpoints))
-      final = evaluate(training, rstate, num_steps, log, clock, train_sec=train_sec, **extra_times)
-      if is_main and start_step < num_steps:
-        echo(
-          f"trained steps {start_step + 1}-{num_steps} in {train_sec:.1f} s (compile, evals "
-          "and checkpoints excluded)"
-        )
+      loop = Loop(training, progress, profiler, preemption, checkpoints, log, Clock(), bar, echo)
+      rstate = loop.run(p_train_step, rstate, batches, start_step)
+      final = loop.finish(rstate, start_step, extra_times)
     finally:
       _close(inputs, is_main, log, checkpoints, bar, stream)
   _note_skipped(workdir, inputs, skipped_at_start, echo if is_main else None)
   return final
+
+
+SIGINT_IGNORED = (
+  "note: this run started with SIGINT ignored (a script's background job): Ctrl-C does not "
+  "stop it, SIGTERM does (docs/long_runs.md)"
+)
+
+
+def _log_preview(log, training: Training, start_step: int, first_batch) -> None:
+  """The first seed's first batch, augmented as its step sees it: to TensorBoard and
+  WORKDIR/augmented_batch.png."""
+  inputs = training.inputs
+  if inputs.seed_axes is not None:
+    first_batch = seeds_lib.seed_part(first_batch, inputs.seed_axes, 0, axis=1)
+  preview = augmented_preview(inputs.gather, training.augment, start_step, first_batch)
+  log.images("augmented_batch", preview, start_step)
+
+
+@dataclasses.dataclass
+class Loop:
+  """The training loop's steps, with what it records and when it stops."""
+
+  training: Training
+  progress: "Progress"
+  profiler: "Profiler"
+  preemption: Preemption
+  checkpoints: checkpoint.Checkpoints
+  log: MetricsLog
+  clock: "Clock"
+  bar: tqdm.tqdm
+  echo: Callable
+
+  def run(self, p_train_step, rstate, batches, start_step: int):
+    """Steps start_step + 1 to the run's last; the replicated state after them. A stop signal
+    saves the state and raises Preempted."""
+    clock, progress, num_steps = self.clock, self.progress, self.training.num_steps
+    in_flight = []  # metrics of steps not yet logged
+    for step in range(start_step + 1, num_steps + 1):
+      self.profiler.before(step)
+      rstate, metrics = p_train_step(rstate, clock.next_input(batches))
+      in_flight.append(metrics)
+      if len(in_flight) > 1:  # at most 2 steps in flight: the device always has the next one,
+        jax.block_until_ready(in_flight[-2])  # and a signal or an error is seen within a step
+      self.bar.update(1)
+      if progress.due(step, clock):
+        progress.write(step, in_flight, clock)
+        in_flight = []
+      self.profiler.after(step, rstate)
+      if self.preemption.stop_after(step):  # agreed by all processes: all save this step
+        if in_flight:  # the steps since the last record are recorded first
+          progress.write(step, in_flight, clock)
+        state = _finite_or_stop(first_replica(rstate), step, self.checkpoints)
+        self.checkpoints.save(step, state)
+        raise Preempted(step, self.preemption.interrupted)
+      if step < num_steps:
+        _periodic(step, rstate, self.training, self.log, clock, self.checkpoints, self.echo)
+    return rstate
+
+  def finish(self, rstate, start_step: int, times: dict) -> dict:
+    """The final eval's record, after the last checkpoint: a stop during the eval loses no
+    training, and the write overlaps the eval (every view)."""
+    jax.block_until_ready(rstate)
+    train_sec = self.clock.training()  # compile, evals and checkpoints excluded
+    self.preemption.training = False
+    last = self.training.num_steps
+    self.checkpoints.save(last, _finite_or_stop(first_replica(rstate), last, self.checkpoints))
+    final = evaluate(
+      self.training, rstate, last, self.log, self.clock, train_sec=train_sec, **times
+    )
+    if jax.process_index() == 0 and start_step < last:
+      self.echo(
+        f"trained steps {start_step + 1}-{last} in {train_sec:.1f} s (compile, evals and "
+        "checkpoints excluded)"
+      )
+    return final
 
 
 def _initial_state(config, training: Training, checkpoints, workdir: Path, warm):

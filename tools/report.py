@@ -1,4 +1,4 @@
-"""Measures the README's results on the accelerator at hand and records each number.
+"""Measures the results (README, docs/results.md) on the accelerator at hand, recording each number.
 
   ./launch.sh report                        # every part; each resumes where it stopped
   ./launch.sh report --only main            # one part (or one measurement: --only main:NAME)
@@ -333,12 +333,13 @@ def _speedrun_peer_missing(peer: str, script: Path) -> str:
 
 
 def render() -> None:
-  """Rewrites the README's and BENCHMARKS.md's tables and the plot from results/."""
+  """Rewrites the README's summary, docs/results.md's and BENCHMARKS.md's tables and the plot
+  from results/."""
   records = results.load()
   for path, text in results.rendered(records, expected_rows()).items():
     path.write_text(text)
   results.plot(records)
-  print(f"rendered the tables in README.md and BENCHMARKS.md, and {results.PLOT}")
+  print(f"rendered the tables in README.md, docs/results.md and BENCHMARKS.md, and {results.PLOT}")
 
 
 def expected_rows() -> list[dict]:

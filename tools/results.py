@@ -2,10 +2,10 @@
 
 `./launch.sh report` writes one JSON record per measurement to
 `results/<machine>/<part>-<name>.json`: the device, the versions, the config and the exact
-command, the date, and the numbers. The README's results table, BENCHMARKS.md's report tables
-and `docs/accuracy_vs_time.png` are rendered from these records (`./launch.sh report
---render`), between marker lines, so no number in them is typed by hand; tests/test_results.py
-fails when a table and the committed records disagree.
+command, the date, and the numbers. The README's summary, the full results table in
+docs/results.md, BENCHMARKS.md's report tables and `docs/accuracy_vs_time.png` are rendered from
+these records (`./launch.sh report --render`), between marker lines, so no number in them is
+typed by hand; tests/tools/test_results.py fails when a table and the committed records disagree.
 """
 
 import json
@@ -16,6 +16,7 @@ from research.errors import UserError
 
 ROOT = Path(__file__).parent.parent
 RESULTS = ROOT / "results"
+RESULTS_PAGE = ROOT / "docs" / "results.md"  # the full table; the README shows a summary
 PLOT = ROOT / "docs" / "accuracy_vs_time.png"
 NOT_MEASURED = "not measured yet"
 
@@ -148,6 +149,37 @@ def _seconds(values: list[float]) -> str:
   return f"{mean:.2f} ± {std:.2f} s"
 
 
+def _test_accuracy(numbers: list[dict], without: bool = True) -> str:
+  """A row's test accuracy (the mean ± std of its seeds), with TTA where the runs used it, and
+  then (`without`) the first view's alone."""
+  accuracy = _accuracy([n["test_accuracy"] for n in numbers])
+  if all("test_accuracy_first_view" in n for n in numbers):
+    accuracy += " with TTA"
+    if without:
+      accuracy += f" ({_accuracy([n['test_accuracy_first_view'] for n in numbers])} without)"
+  return accuracy
+
+
+def _wall_time(numbers: list[dict]) -> str:
+  """First step to final eval (the mean over seeds), the training alone where each seed trained
+  in one launch, and a seed's share where several trained in one program."""
+  wall_time = ("mean " if len(numbers) > 1 else "") + _duration(
+    sum(n["wall_time_sec"] for n in numbers) / len(numbers)
+  )
+  if all("train_sec" in n for n in numbers):  # each trained in one launch
+    wall_time += f" (training {sum(n['train_sec'] for n in numbers) / len(numbers):.1f} s)"
+  if len(numbers) == 1 and "seeds" in numbers[0]:  # several seeds in one program
+    n = numbers[0]
+    wall_time += f", {n.get('train_sec', n['wall_time_sec']) / len(n['seeds']):.2f} s a seed"
+  return wall_time
+
+
+def _hardware_dates(group: list[dict]) -> str:
+  dates = sorted({r["date"] for r in group})
+  date = dates[0] if len(dates) == 1 else f"{dates[0]} – {dates[-1]}"
+  return f"{hardware(group[0])}, {date}"
+
+
 def _speedrun_peer_row(r: dict) -> list:
   """The speedrun against a PyTorch speedrun script, measured in one invocation on one GPU."""
   n = r["numbers"]
@@ -166,8 +198,21 @@ def _speedrun_peer_row(r: dict) -> list:
   ]
 
 
+def _speedrun_peer_summary(r: dict) -> list:
+  """The speedrun against a PyTorch speedrun script, in the README's summary's columns."""
+  n = r["numbers"]
+  peer = n.get("peer_title", "airbench94_muon")
+  return [
+    f"{r['label']}, {r['dtype']}, {n['runs']} runs each",
+    f"ours {_accuracy(n['test_accuracy'])}, {peer} {_accuracy(n['peer_test_accuracy'])} with TTA",
+    f"span: ours {_seconds(n['span_sec'])}, {peer} {_seconds(n['peer_time_sec'])} "
+    f"(ours ÷ theirs {n['ratio']:.2f})",
+    _hardware_dates([r]),
+  ]
+
+
 def main_table(records: list[dict], expected: list[dict]) -> str:
-  """The README's table: one row per trained recipe and machine (the seeds of one recipe share
+  """docs/results.md's table: one row per trained recipe and machine (the seeds of one recipe share
   it: mean and standard deviation), and a 'not measured yet' row for the planned measurements
   (`expected`: {"name", "label", "hardware", "command"}) with no record on hardware of their
   kind."""
@@ -177,29 +222,14 @@ def main_table(records: list[dict], expected: list[dict]) -> str:
   main = [r for r in records if r["part"] == "main"]
   for group in _by_recipe(main, lambda r: r["machine"]):
     numbers = [r["numbers"] for r in group]
-    accuracy = _accuracy([n["test_accuracy"] for n in numbers])
-    if all("test_accuracy_first_view" in n for n in numbers):
-      first_view = _accuracy([n["test_accuracy_first_view"] for n in numbers])
-      accuracy += f" with TTA ({first_view} without)"
-    wall_time = ("mean " if len(group) > 1 else "") + _duration(
-      sum(n["wall_time_sec"] for n in numbers) / len(group)
-    )
-    if all("train_sec" in n for n in numbers):  # each trained in one launch
-      wall_time += f" (training {sum(n['train_sec'] for n in numbers) / len(group):.1f} s)"
-    if len(group) == 1 and "seeds" in numbers[0]:  # several seeds in one program
-      n = numbers[0]
-      a_seed = n.get("train_sec", n["wall_time_sec"]) / len(n["seeds"])
-      wall_time += f", {a_seed:.2f} s a seed"
-    dates = sorted({r["date"] for r in group})
-    date = dates[0] if len(dates) == 1 else f"{dates[0]} – {dates[-1]}"
     rows.append(
       [
         _recipe_label(group),
         group[0]["dataset"],
-        accuracy,
-        wall_time,
+        _test_accuracy(numbers),
+        _wall_time(numbers),
         f"{sum(n['examples_per_sec'] for n in numbers) / len(group):,.0f}",
-        f"{hardware(group[0])}, {date}",
+        _hardware_dates(group),
         _command(group),
       ]
     )
@@ -218,6 +248,43 @@ def main_table(records: list[dict], expected: list[dict]) -> str:
       [_recipe_label(group), e["dataset"], NOT_MEASURED, "", "", e["hardware"], _command(group)]
     )
   return _table(header, rows)
+
+
+def summary_table(records: list[dict]) -> str:
+  """The README's summary: for each config, on the machine that trained it fastest, the latest
+  measurement of each dtype (the seeds of one recipe share a row, as in the full table), and each
+  speedrun against a peer. Every row, with its command, is in docs/results.md."""
+  main = [r for r in records if r["part"] == "main"]
+  fastest: dict[str, dict] = {}  # config -> its record of the most examples/s
+  for r in main:
+    best = fastest.get(r["config"])
+    if best is None or r["numbers"]["examples_per_sec"] > best["numbers"]["examples_per_sec"]:
+      fastest[r["config"]] = r
+  groups = _by_recipe(main, lambda r: r["machine"])
+
+  def rank(index: int) -> tuple:  # the latest; on a tie, the most seeds
+    return max(r["date"] for r in groups[index]), len(groups[index])
+
+  chosen: dict[tuple, int] = {}  # (config, dtype) -> the index of its group in `groups`
+  for index, group in enumerate(groups):
+    config, dtype = group[0]["config"], group[0]["dtype"]
+    if group[0]["machine"] != fastest[config]["machine"]:
+      continue
+    if (config, dtype) not in chosen or rank(index) > rank(chosen[config, dtype]):
+      chosen[config, dtype] = index
+  rows = []
+  for group in (groups[index] for index in sorted(chosen.values())):
+    numbers = [r["numbers"] for r in group]
+    rows.append(
+      [
+        _recipe_label(group),
+        _test_accuracy(numbers, without=False),
+        _wall_time(numbers),
+        _hardware_dates(group),
+      ]
+    )
+  rows += [_speedrun_peer_summary(r) for r in records if "peer_time_sec" in r["numbers"]]
+  return _table(["config", "test accuracy", "wall time", "hardware, date"], rows)
 
 
 # Why the throughput part's search for the largest global batch ended (a record's `search_end`)
@@ -347,9 +414,11 @@ def replace_between(text: str, name: str, content: str) -> str:
 
 
 def rendered(records: list[dict], expected: list[dict]) -> dict[Path, str]:
-  """{file: its text with the tables rendered from `records`}: README.md and BENCHMARKS.md."""
+  """{file: its text with the tables rendered from `records`}: README.md (the summary),
+  docs/results.md (every measurement) and BENCHMARKS.md."""
   readme = (ROOT / "README.md").read_text()
-  readme = replace_between(readme, "results", main_table(records, expected))
+  readme = replace_between(readme, "results-summary", summary_table(records))
+  page = replace_between(RESULTS_PAGE.read_text(), "results", main_table(records, expected))
   bench = (ROOT / "BENCHMARKS.md").read_text()
   for name, table in (
     ("throughput", throughput_table),
@@ -357,4 +426,4 @@ def rendered(records: list[dict], expected: list[dict]) -> dict[Path, str]:
     ("streamed", streamed_table),
   ):
     bench = replace_between(bench, name, table(records))
-  return {ROOT / "README.md": readme, ROOT / "BENCHMARKS.md": bench}
+  return {ROOT / "README.md": readme, RESULTS_PAGE: page, ROOT / "BENCHMARKS.md": bench}

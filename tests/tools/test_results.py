@@ -17,12 +17,62 @@ from tools import measure, report, results
 ROOT = Path(__file__).parent.parent.parent
 
 
-def test_the_readme_and_benchmarks_tables_are_the_committed_records_rendered():
+def test_the_readme_results_page_and_benchmarks_tables_are_the_committed_records_rendered():
   rendered = results.rendered(results.load(), report.expected_rows())
+  assert set(rendered) == {ROOT / "README.md", ROOT / "docs" / "results.md", ROOT / "BENCHMARKS.md"}
   for path, text in rendered.items():
     assert path.read_text() == text, (
-      f"{path.name} differs from results/; ./launch.sh report --render"
+      f"{path.relative_to(ROOT)} differs from results/; ./launch.sh report --render"
     )
+
+
+def _speedrun_record(numbers: dict | None = None, **fields) -> dict:
+  """A committed record (a CPU's float32 speedrun, seed 2) with other `fields` and `numbers`."""
+  record = json.loads(
+    (results.RESULTS / "amd-epyc-2-cores/main-cifar_speedrun-seed2.json").read_text()
+  )
+  record.update(fields)
+  record["numbers"].update(numbers or {})
+  return record
+
+
+def test_the_readme_summary_is_each_config_s_latest_run_of_each_dtype_on_its_fastest_machine(
+  tmp_path,
+):
+  gpu = {"kind": "NVIDIA H100", "count": 1, "platform": "gpu", "cpu_model": "x", "host_cores": 16}
+  on_gpu = dict(machine="1x-nvidia-h100", device=gpu)
+  fast = {"examples_per_sec": 90000.0}
+  for seed, date in ((0, "2026-11-24"), (1, "2026-11-26")):  # one recipe's seeds: one row
+    name, label = f"cifar_speedrun-bfloat16-seed{seed}", f"Speedrun (8 epochs), seed {seed}"
+    results.write(
+      _speedrun_record(name=name, label=label, dtype="bfloat16", date=date, numbers=fast, **on_gpu),
+      tmp_path,
+    )
+  results.write(
+    _speedrun_record(name="cifar_speedrun-seed0", label="Speedrun (8 epochs), seed 0",
+                     date="2026-11-20", numbers=fast, **on_gpu),
+    tmp_path,
+  )  # fmt: skip
+  seeds4 = _speedrun_record(
+    name="cifar_speedrun-bfloat16-seeds4", label="Speedrun (8 epochs), 4 seeds in one program",
+    dtype="bfloat16", date="2026-11-25", **on_gpu,
+    numbers={**fast, "seeds": [0, 1, 2, 3], "test_accuracy": [0.90, 0.91, 0.92, 0.93]},
+  )  # fmt: skip
+  results.write(seeds4, tmp_path)
+  results.write(_speedrun_record(), tmp_path)  # float32 on a CPU, later than the GPU's float32
+
+  rows = results.summary_table(results.load(tmp_path)).splitlines()[2:]
+  assert [row.split(" | ")[0] for row in rows] == [
+    "| Speedrun (8 epochs), bfloat16, seeds 0–1",
+    "| Speedrun (8 epochs), float32, seed 0",
+  ]
+  assert rows[0].endswith("| 1× NVIDIA H100, 2026-11-24 – 2026-11-26 |")
+  assert rows[1].endswith("| 1× NVIDIA H100, 2026-11-20 |")
+
+  results.write({**seeds4, "date": "2026-11-27"}, tmp_path)  # now the latest in bfloat16
+  rows = results.summary_table(results.load(tmp_path)).splitlines()[2:]
+  assert rows[0].startswith("| Speedrun (8 epochs), 4 seeds in one program, bfloat16 |")
+  assert len(rows) == 2
 
 
 def test_the_seeds_of_one_recipe_share_a_row_with_their_mean_and_spread(tmp_path):
@@ -181,7 +231,7 @@ def test_the_flops_counted_are_the_models_and_the_step_traces_with_its_forms_aft
   import jax
 
   from research import configuration, train
-  from research.inputs import replicate
+  from research.placement import replicate
   from research.steps import AXIS
 
   def step(micro_batch_size):
