@@ -154,6 +154,16 @@ class Checked(NamedTuple):
 def train_config(config: ml_collections.ConfigDict, n_devices: int) -> Checked:
   """Checks every field of a training config (after importing its `modules`)."""
   configuration.import_modules(config)
+  _data(config)
+  _numbers(config)
+  _parts(config)
+  augment, eval_preprocess = _pipelines(config)
+  groups = _param_groups(config)
+  return Checked(_per_device_batch(config, n_devices, augment), augment, eval_preprocess, groups)
+
+
+def _data(config) -> None:
+  """The dataset and its placement, and the model's classes where the dataset's are known."""
   data.check_name(config)
   _choice("data_placement", config.data_placement, PLACEMENTS)
   if classes := data.known_classes(config.dataset):
@@ -163,6 +173,10 @@ def train_config(config: ml_collections.ConfigDict, n_devices: int) -> Checked:
       f"data_dir={config.data_dir!r} is set but dataset='synthetic' reads no files; to train "
       "on it, pass --config.dataset=folder (an image folder) or cifar10 (the archive)"
     )
+
+
+def _numbers(config) -> None:
+  """Every number's type and range, the run's length, the dtype and the profile window."""
   for field, minimum in INT_FIELDS:
     whole_number(config, field, minimum)
   _in_ranges(config, RANGES)
@@ -179,6 +193,20 @@ def train_config(config: ml_collections.ConfigDict, n_devices: int) -> Checked:
   if config.model.dtype not in DTYPES:
     hint = f"; say {aliases[config.model.dtype]!r}" if config.model.dtype in aliases else ""
     raise UserError(f"model.dtype={config.model.dtype!r} is not one of {', '.join(DTYPES)}{hint}")
+  _in_ranges(config.model, [r for r in MODEL_RANGES if r[0] in config.model], "model.")
+  profile = tuple(config.profile_steps)
+  if profile and not (
+    len(profile) == 2 and all(isinstance(s, int) for s in profile) and 1 <= profile[0] < profile[1]
+  ):
+    raise UserError(
+      f"profile_steps={profile} must be () or (start, stop) with 1 <= start < stop, e.g. (10, 15)"
+    )
+  _choice("loss_reduction", config.loss_reduction, ("mean", "sum"))
+  _choice("seeds_mode", config.seeds_mode, ("unroll", "vmap"))
+
+
+def _parts(config) -> None:
+  """Every part the config names by name is registered (a fork's: in its `modules`)."""
   models.MODELS.get(config.model.name, config.modules)
   steps.STEPS.get(config.step, config.modules)
   if isinstance(config.eval_metrics, str):
@@ -188,14 +216,21 @@ def train_config(config: ml_collections.ConfigDict, n_devices: int) -> Checked:
   for name in config.eval_metrics:
     metrics.EVAL_METRICS.get(name, config.modules)
   losses.LOSSES.get(config.loss, config.modules)
-  _in_ranges(config.model, [r for r in MODEL_RANGES if r[0] in config.model], "model.")
-  profile = tuple(config.profile_steps)
-  if profile and not (
-    len(profile) == 2 and all(isinstance(s, int) for s in profile) and 1 <= profile[0] < profile[1]
-  ):
+  schedules.SCHEDULES.get(config.schedule, config.modules)
+  optim.OPTIMIZERS.get(config.optimizer, config.modules)
+  if optim.OPTIMIZERS.options[config.optimizer].get("groups_only"):
     raise UserError(
-      f"profile_steps={profile} must be () or (start, stop) with 1 <= start < stop, e.g. (10, 15)"
+      f"optimizer={config.optimizer!r} is for parameter groups (param_groups.NAME.optimizer); "
+      "the config's own optimizer is one of "
+      + ", ".join(
+        n for n in optim.OPTIMIZERS.names() if not optim.OPTIMIZERS.options[n].get("groups_only")
+      )
     )
+
+
+def _pipelines(config) -> tuple[Callable, Callable]:
+  """(augment, eval_preprocess), built: parsing them is how they are checked; and the two map
+  pixel values alike."""
   augment = augment_lib.build(config.augment, config.seed)
   if augment.weights:
     raise UserError(f"augment={config.augment!r} ends in a views op; views are for eval_preprocess")
@@ -212,19 +247,12 @@ def train_config(config: ml_collections.ConfigDict, n_devices: int) -> Checked:
       "the model never trained on; end both with the same value ops "
       f"({', '.join(sorted(augment_lib.VALUE_OPS))})"
     )
-  schedules.SCHEDULES.get(config.schedule, config.modules)
-  optim.OPTIMIZERS.get(config.optimizer, config.modules)
-  if optim.OPTIMIZERS.options[config.optimizer].get("groups_only"):
-    raise UserError(
-      f"optimizer={config.optimizer!r} is for parameter groups (param_groups.NAME.optimizer); "
-      "the config's own optimizer is one of "
-      + ", ".join(
-        n for n in optim.OPTIMIZERS.names() if not optim.OPTIMIZERS.options[n].get("groups_only")
-      )
-    )
-  _choice("loss_reduction", config.loss_reduction, ("mean", "sum"))
-  _choice("seeds_mode", config.seeds_mode, ("unroll", "vmap"))
-  groups = _param_groups(config)
+  return augment, eval_preprocess
+
+
+def _per_device_batch(config, n_devices: int, augment) -> int:
+  """The per-device batch: both batches divide over the devices, a mixing augmentation gets
+  an even one, and the micro-batch divides it."""
   per_device_batch = batch_sizes(config, n_devices)
   if augment.mixes and per_device_batch % 2:
     raise UserError(
@@ -239,4 +267,4 @@ def train_config(config: ml_collections.ConfigDict, n_devices: int) -> Checked:
       f"examples per device (batch_size={config.batch_size} over {n_devices} devices); "
       "use a divisor of it, or 0 for auto"
     )
-  return Checked(per_device_batch, augment, eval_preprocess, groups)
+  return per_device_batch
