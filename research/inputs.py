@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import itertools
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -249,11 +250,62 @@ def resident(
   """Uploads `data` once: the training split whole on every device where it is at most
   replicate_max_gb (every step's global batch then depends on the seed alone), else sharded
   over the devices; every step gathers its batch on device."""
+  n_examples = len(data.train_labels)
+  train = _resident_train(config, data, per_device_batch, shuffle_key)
+  steps_per_epoch, order_of = train.steps_per_epoch, train.order_of
+
+  def batches(start_step):
+    """(the training data, its epoch's order) for steps start_step, start_step + 1, ...: the
+    same arrays within an epoch. The next epoch's order is computed while this one trains, so
+    fetching it at the epoch's start does not wait (nor count as input wait)."""
+    next_order = order_of(start_step // steps_per_epoch)
+    for step in itertools.count(start_step):
+      if step == start_step or step % steps_per_epoch == 0:
+        order = to_devices(np.asarray(next_order))  # [local devices, steps * per device] int32
+        next_order = order_of(step // steps_per_epoch + 1)  # dispatched, not awaited
+      yield train.rows, order
+
+  evaluate, compile_evals = _resident_evals(config, data, preprocess)
+  return Inputs(
+    name=data.name,
+    source=data.source,
+    fallback_reason=data.fallback_reason,
+    fingerprint=fingerprint(
+      data.train_images, data.train_labels, data.test_images, data.test_labels
+    ),
+    example_shape=data.train_images.shape[1:],
+    steps_per_epoch=steps_per_epoch,
+    batches=batches,
+    gather=functools.partial(
+      resident_gather, step_key=step_key, per_device_batch=per_device_batch, sharded=train.sharded
+    ),
+    evaluate=evaluate,
+    compile_evals=compile_evals,
+    first_images=lambda n, seed: data.train_images[shard_rows(seed, n_examples)[:n]],
+    skipped_files=lambda: list(data.skipped_files),
+    layout=train.layout,
+    order_per_device=train.sharded,
+    seed_axes=(None, 0) if config.seeds > 1 else None,  # (the data, each seed's order)
+  )
+
+
+class _Train(NamedTuple):
+  """The training split on the devices, and each epoch's order of it."""
+
+  rows: tuple  # (images_u8, labels) on the devices: whole on each, or this device's shard
+  steps_per_epoch: int
+  order_of: Callable  # epoch -> [local devices, (seeds,) steps * per device] row indices
+  sharded: bool
+  layout: str  # in words, for the run's description
+
+
+def _resident_train(config, data: ImageDataset, per_device_batch: int, shuffle_key) -> _Train:
+  """Uploads the training split, whole on every device or sharded (replicate_max_gb), with the
+  order each epoch takes it in (each seed its own)."""
   n_devices, n_local = jax.device_count(), jax.local_device_count()
   n_examples = len(data.train_labels)
   train = (data.train_images, data.train_labels)
   local_devices = jax.process_index() * n_local + np.arange(n_local)
-  rows = shard_rows(config.seed, n_examples)
   sharded = sum(a.nbytes for a in train) > config.replicate_max_gb * 2**30
   if sharded and config.seeds > 1:
     raise UserError(
@@ -263,7 +315,7 @@ def resident(
     )
   if sharded:
     shard_size = check_shard(config, n_examples, n_devices, per_device_batch)
-    train_rows = upload_shards(train, shard_size, rows)
+    rows = upload_shards(train, shard_size, shard_rows(config.seed, n_examples))
     steps_per_epoch = shard_size // per_device_batch
     order_of = functools.partial(
       shard_orders,
@@ -278,7 +330,7 @@ def resident(
     )
   else:
     steps_per_epoch = global_batches(config, n_examples)
-    train_rows = upload_whole(train)
+    rows = upload_whole(train)
     in_order = functools.partial(
       global_order, shuffle_key=shuffle_key, n_examples=n_examples, batch_size=config.batch_size
     )
@@ -291,19 +343,13 @@ def resident(
     one_order = order_of
     order_of = lambda epoch: jnp.moveaxis(jax.vmap(lambda k: one_order(epoch, k))(keys), 0, 1)
     layout += f"; {config.seeds} seeds, each in its own order"
-  order_of = jax.jit(order_of)
+  return _Train(rows, steps_per_epoch, jax.jit(order_of), sharded, layout)
 
-  def batches(start_step):
-    """(the training data, its epoch's order) for steps start_step, start_step + 1, ...: the
-    same arrays within an epoch. The next epoch's order is computed while this one trains, so
-    fetching it at the epoch's start does not wait (nor count as input wait)."""
-    next_order = order_of(start_step // steps_per_epoch)
-    for step in itertools.count(start_step):
-      if step == start_step or step % steps_per_epoch == 0:
-        order = to_devices(np.asarray(next_order))  # [local devices, steps * per device] int32
-        next_order = order_of(step // steps_per_epoch + 1)  # dispatched, not awaited
-      yield train_rows, order
 
+def _resident_evals(config, data: ImageDataset, preprocess) -> tuple[Callable, Callable]:
+  """(evaluate, compile_evals) of Inputs over the test split, uploaded once, padded to whole
+  eval batches and sharded over the devices."""
+  n_devices = jax.device_count()
   test = pad_for_eval(data.test_images, data.test_labels, config.eval_batch_size)
   test_shard = upload_shards(test, len(test[1]) // n_devices)
   eval_batch = config.eval_batch_size // n_devices
@@ -323,27 +369,10 @@ def resident(
     wanted = {all_views: p_evals[all_views] for all_views in views}
     p_evals.update(_once_each(wanted, lambda p_eval: p_eval.lower(rstate, test_shard).compile()))
 
-  return Inputs(
-    name=data.name,
-    source=data.source,
-    fallback_reason=data.fallback_reason,
-    fingerprint=fingerprint(
-      data.train_images, data.train_labels, data.test_images, data.test_labels
-    ),
-    example_shape=data.train_images.shape[1:],
-    steps_per_epoch=steps_per_epoch,
-    batches=batches,
-    gather=functools.partial(
-      resident_gather, step_key=step_key, per_device_batch=per_device_batch, sharded=sharded
-    ),
-    evaluate=lambda rstate, all_views=True: first_replica(p_evals[all_views](rstate, test_shard)),
-    compile_evals=compile_evals,
-    first_images=lambda n, seed: data.train_images[shard_rows(seed, n_examples)[:n]],
-    skipped_files=lambda: list(data.skipped_files),
-    layout=layout,
-    order_per_device=sharded,
-    seed_axes=(None, 0) if config.seeds > 1 else None,  # (the data, each seed's order)
-  )
+  def evaluate(rstate, all_views=True):
+    return first_replica(p_evals[all_views](rstate, test_shard))
+
+  return evaluate, compile_evals
 
 
 # --- streamed: host workers decode, batches are prefetched to the devices ---------------------
@@ -411,24 +440,11 @@ def streamed(config, per_device_batch: int, preprocess, step_key, scanned=None) 
   steps_per_epoch = global_batches(config, len(train_source))
   train_ds = streaming.shuffled(train_source, config.seed)
   skipped = {}  # undecodable files passed over so far (skip_bad_images), each said once
-
-  def note_skipped(split):
-    """A batch's files passed over: an item of record `index` that passed over `n` files
-    stands for the file `n` records after its own (folder.FileImages)."""
-
-    def note(batch):
-      for index, n in zip(batch["index"], batch["skipped"], strict=True):
-        for k in range(1, int(n) + 1):
-          path = str(scanned.root / split.paths[(index - k) % len(split.paths)].decode())
-          if path not in skipped:
-            skipped[path] = None
-            print(f"warning: skipped {path}, which cannot be decoded (skip_bad_images)", flush=True)
-
-    return note
-
   # tfds sources skip nothing
   on_train, on_eval = (
-    (note_skipped(scanned.train), note_skipped(scanned.eval)) if scanned else (None, None)
+    (_note_skipped(scanned, scanned.train, skipped), _note_skipped(scanned, scanned.eval, skipped))
+    if scanned
+    else (None, None)
   )
 
   def batches(start_step):
@@ -468,6 +484,22 @@ def streamed(config, per_device_batch: int, preprocess, step_key, scanned=None) 
     summary=folder.summary(scanned, None) if scanned else "",
     layout="streamed, every process reading its part of one global order",
   )
+
+
+def _note_skipped(scanned, split, skipped: dict) -> Callable:
+  """What says a batch's files passed over, once each, and adds them to `skipped`: an item of
+  record `index` that passed over `n` files stands for the file `n` records after its own
+  (folder.FileImages)."""
+
+  def note(batch):
+    for index, n in zip(batch["index"], batch["skipped"], strict=True):
+      for k in range(1, int(n) + 1):
+        path = str(scanned.root / split.paths[(index - k) % len(split.paths)].decode())
+        if path not in skipped:
+          skipped[path] = None
+          print(f"warning: skipped {path}, which cannot be decoded (skip_bad_images)", flush=True)
+
+  return note
 
 
 def pad_for_eval(images, labels, global_batch: int):
