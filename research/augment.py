@@ -553,6 +553,26 @@ def identity_key(seed: int) -> jax.Array:
   return jax.random.fold_in(jax.random.key(seed), 3)
 
 
+def _contexts(n: int, epoch, ids, seed) -> Context:
+  """The Context of each of `n` examples: the epoch, and each example's own key from its id
+  (None: its position in the batch) and the seed (traced: no eager op)."""
+  ids = jnp.arange(n) if ids is None else ids
+  keys = jax.vmap(jax.random.fold_in, (None, 0))(identity_key(seed), ids)
+  return Context(jnp.broadcast_to(jnp.asarray(epoch, jnp.int32), (n,)), keys)
+
+
+def _one_example(steps: list, views, rng, image, valid, context):
+  """The per-example ops of a pipeline on ONE image, each with its own key; then `views`'s."""
+  for step, key in zip(steps, jax.random.split(rng, max(len(steps), 1)), strict=False):
+    if step.window:
+      image = step.op(key, image, valid)
+    elif step.context:
+      image = step.op(key, image, context)
+    else:
+      image = step.op(key, image)
+  return views.op.fn(image) if views else image
+
+
 def build(spec: str, seed: int = 0) -> Callable[..., jax.Array]:
   """Returns `augment(rng, images_u8 [B, S, S, C], sizes=None, *, epoch=0, ids=None,
   positions=None, targets=None)`: float32 [B, H, W, C], or [V, B, H, W, C] for a pipeline
@@ -566,11 +586,8 @@ def build(spec: str, seed: int = 0) -> Callable[..., jax.Array]:
   examples' own keys: the seeds of a run with `config.seeds` > 1 share one pipeline.
   `positions` (int [B]) are the examples' places in the step's global batch (None: 0, 1, …):
   each example's random draws come from `rng` folded with its position, so a batch split
-  over devices draws what the whole batch draws.
-  Batch ops mix `targets` as they mix the images (without targets, the images alone).
-  The function's `weights` are its views' weights (None without views), `values` its value
-  ops as text (two pipelines with equal texts map pixel values alike), `mixes` whether it
-  has batch ops, and `first_view` is the pipeline whose output is the first view alone.
+  over devices draws what the whole batch draws. Batch ops mix `targets` as the images. The
+  function's attributes (`weights`, `values`, `mixes`, `first_view`) are described below.
   """
   steps = parse(spec)
   windowed = bool(steps) and steps[0].window
@@ -579,16 +596,6 @@ def build(spec: str, seed: int = 0) -> Callable[..., jax.Array]:
   batch_ops = [step.op for step in steps if step.batch]
   steps = [step for step in steps if not step.batch]
   built_seed = seed  # the examples' keys come from it unless the call names another
-
-  def one(rng, image, valid, context, all_views):
-    for step, key in zip(steps, jax.random.split(rng, max(len(steps), 1)), strict=False):
-      if step.window:
-        image = step.op(key, image, valid)
-      elif step.context:
-        image = step.op(key, image, context)
-      else:
-        image = step.op(key, image)
-    return views.op.fn(image) if views and all_views else image
 
   def pipeline(all_views):
     def augment(
@@ -604,15 +611,11 @@ def build(spec: str, seed: int = 0) -> Callable[..., jax.Array]:
       if sizes is None:
         sizes = jnp.broadcast_to(jnp.array(images.shape[1:3]), (n, 2))
       valid = jnp.asarray(sizes, jnp.float32)  # [B, 2]
-      ids = jnp.arange(n) if ids is None else ids
-      identity = identity_key(built_seed if seed is None else seed)  # traced: no eager op
-      keys = jax.vmap(jax.random.fold_in, (None, 0))(identity, ids)
-      contexts = Context(jnp.broadcast_to(jnp.asarray(epoch, jnp.int32), (n,)), keys)
+      contexts = _contexts(n, epoch, ids, built_seed if seed is None else seed)
       positions = jnp.arange(n) if positions is None else positions
       example_keys = jax.vmap(jax.random.fold_in, (None, 0))(rng, positions)
-      out = jax.vmap(functools.partial(one, all_views=all_views))(
-        example_keys, images, valid, contexts
-      )
+      one = functools.partial(_one_example, steps, views if all_views else None)
+      out = jax.vmap(one)(example_keys, images, valid, contexts)
       mixed = jnp.zeros((n, 1)) if targets is None else targets  # [B, K]
       for i, op in enumerate(batch_ops):  # each example's key, apart from its own ops' keys
         op_keys = jax.vmap(jax.random.fold_in, (0, None))(example_keys, BATCH_OP_KEYS + i)
