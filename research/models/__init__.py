@@ -30,9 +30,11 @@ import inspect
 import sys
 from collections.abc import Callable
 
+import flax
 import flax.linen as nn
 import jax
 import ml_collections
+from flax import nnx
 
 from research.errors import UserError
 from research.registry import Registry
@@ -51,11 +53,13 @@ def create(model_config: ml_collections.ConfigDict, axis_name: str | None) -> nn
   the step cannot call: its `__call__` must take the images, and at most its mode besides."""
   name = model_config.name
   module = MODELS.get(name)(model_config, axis_name)
+  if isinstance(module, type) and issubclass(module, nnx.Module):
+    module = FromNnx(module, axis_name=axis_name)  # an NNX class, as flax's examples write one
   if not isinstance(module, nn.Module):
     raise UserError(
       f"model {name!r}: create() returned {type(module).__module__}.{type(module).__name__}, not "
-      "a flax.linen Module; a flax NNX module trains through flax.nnx.bridge.to_linen (or an "
-      "adapter), a linen module as it is"
+      "a flax linen Module nor an NNX Module class; return the NNX class itself (not an "
+      "instance: the library makes it, with its rngs), or models.FromNnx(cls, kwargs=...)"
     )
   parameters = list(inspect.signature(module.__call__).parameters.values())[1:]
   needed = [
@@ -72,6 +76,39 @@ def create(model_config: ml_collections.ConfigDict, axis_name: str | None) -> nn
       f"from create() {ADAPTER} (docs/extending.md)"
     )
   return module
+
+
+class FromNnx(nn.Module):
+  """A flax NNX module class as a linen module (flax.nnx.bridge.ToLinen), so that it trains,
+  evaluates, predicts and checkpoints as any model here: made with `nnx.Rngs` of the run's
+  streams ("params", "dropout") and `kwargs`, put in training or eval mode (`.train()`,
+  `.eval()`: Dropout, BatchNorm) and every `nnx.BatchNorm` averaging over the step's axis,
+  whatever it names. Its parameters are under "nnx"."""
+
+  nnx_class: type
+  kwargs: dict = flax.core.FrozenDict()
+  axis_name: str | None = None
+
+  @nn.compact
+  def __call__(self, x, train: bool):
+    def key(stream):  # eval passes no rngs: its draws are off, the key unused
+      given = self.has_rng(stream) or self.has_rng("params")
+      return self.make_rng(stream) if given else jax.random.key(0)
+
+    rngs = nnx.Rngs(params=key("params"), dropout=key("dropout"))
+    axis = self.axis_name
+
+    def call(module, x):
+      for _, sub in nnx.iter_modules(module):
+        if isinstance(sub, nnx.BatchNorm):
+          sub.axis_name = axis  # statistics of the global batch, as linen models have them
+      module.train() if train else module.eval()
+      takes_rngs = "rngs" in inspect.signature(module.__call__).parameters
+      return module(x, rngs=rngs) if takes_rngs else module(x)
+
+    kwargs = {**self.kwargs, "rngs": rngs}
+    bridge = nnx.bridge.ToLinen(self.nnx_class, kwargs=kwargs, skip_rng=True, name="nnx")
+    return bridge(x, nnx_method=call)
 
 
 def mode(module: nn.Module, train: bool) -> dict:
