@@ -99,6 +99,25 @@ def streamed_config():
 
 
 @pytest.fixture
+def decoding_processes(monkeypatch, tmp_path_factory):
+  """Records the process that decodes each image of a streamed run (tfds or image folder):
+  gives a function of the split ("train", "eval") that returns their process ids, one an
+  image, in the order they were decoded."""
+  from research.data import streaming
+  from tests.decoders import Recorded
+
+  sources, logs = streaming.sources, tmp_path_factory.mktemp("decoders")
+
+  def recorded(config, scanned):
+    train, test, description, content = sources(config, scanned)
+    train, test = Recorded(train, logs / "train.pids"), Recorded(test, logs / "eval.pids")
+    return train, test, description, content
+
+  monkeypatch.setattr(streaming, "sources", recorded)
+  return lambda split: [int(x) for x in (logs / f"{split}.pids").read_text().split()]
+
+
+@pytest.fixture
 def nan_after_step(monkeypatch):
   """nan_after_step(n, seed=None): the run's step leaves NaN parameters behind in its n-th
   call (as an update that overflowed), in every seed or in the seed at index `seed` alone. The

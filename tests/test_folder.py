@@ -346,7 +346,7 @@ def test_resuming_on_changed_data_is_an_error_unless_allowed(real_slice, tmp_pat
 
 
 def test_folder_streams_through_two_worker_processes_end_to_end_skipping_a_bad_file(
-  real_slice, tmp_path, streamed_config, capsys
+  real_slice, tmp_path, streamed_config, capsys, decoding_processes
 ):
   (real_slice / "test" / "cat" / "broken.png").write_bytes(b"\x89PNG broken")
   config = streamed_config(
@@ -367,6 +367,9 @@ def test_folder_streams_through_two_worker_processes_end_to_end_skipping_a_bad_f
   assert out.count(f"warning: skipped {real_slice / 'test' / 'cat' / 'broken.png'}") == 1
   listed = tmp_path / "run" / "data_left_out.txt"
   assert f"skipped 1 undecodable files (skip_bad_images) (listed in {listed})" in out
+  for split in ("train", "eval"):  # every image decoded by one of two workers, none here
+    decoders = set(decoding_processes(split))
+    assert len(decoders) == 2 and os.getpid() not in decoders, (split, decoders)
 
 
 def test_model_classes_must_match_the_folder(real_slice):

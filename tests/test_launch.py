@@ -202,18 +202,19 @@ def test_the_scaling_report_runs_as_a_tool_and_the_other_commands_as_before(mach
   assert calls[-1] == f"-m research.main --config={SMOKE} --config.scaling_report=False"
 
 
-def _pypi_reachable() -> bool:
+def _skip_without_pypi() -> None:
+  """Skips the test where the package registry does not answer, saying so and why in the
+  run's summary (pyproject.toml's addopts: -rs); probed as the test runs, not at collection."""
   import urllib.request
 
   try:
     urllib.request.urlopen("https://pypi.org/simple/ml-collections/", timeout=10)
-  except OSError:
-    return False
-  return True
+  except OSError as e:
+    pytest.skip(f"needs the package registry: https://pypi.org did not answer ({e})")
 
 
-@pytest.mark.skipif(not _pypi_reachable(), reason="needs the package registry (pypi.org)")
 def test_a_wheelhouse_for_another_python_installs_without_an_index(tmp_path):
+  _skip_without_pypi()
   wheels = tmp_path / "wheelhouse"
   made = subprocess.run(
     [str(ROOT / "launch.sh"), "wheelhouse", "--python-version", "3.12", "--dest", str(wheels)]

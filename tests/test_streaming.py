@@ -2,12 +2,15 @@
 
 import itertools
 import json
+import os
+import time
+import types
 
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from research import inputs
+from research import inputs, train
 from research.data import streaming
 from research.errors import UserError
 from research.train import train_and_evaluate
@@ -88,36 +91,58 @@ def _waits(workdir):
 
 
 def test_streamed_training_decodes_on_two_workers_and_evaluates_the_whole_split(
-  tmp_path, mock_tfds_config
+  tmp_path, mock_tfds_config, decoding_processes
 ):
   with tfds.testing.mock_data(num_examples=40):
     final = train_and_evaluate(mock_tfds_config(data_workers=2), str(tmp_path))
   assert final["eval_examples"] == 40
   assert (tmp_path / "augmented_batch.png").exists()
+  training, evals = decoding_processes("train"), decoding_processes("eval")
+  assert len(set(training)) == 2 and os.getpid() not in training  # two workers, not this one
+  assert len(evals) == 2 * 40  # the evals at step 10 and at the end, each starting its workers
+  for decoders in (set(evals[:40]), set(evals[40:])):
+    assert len(decoders) == 2 and os.getpid() not in decoders
 
 
-def _burn_cpu(seconds):
-  """Stands in for an expensive JPEG decode (CPU work, not a sleep)."""
-  import time
-
-  end = time.perf_counter() + seconds
-  while time.perf_counter() < end:
-    pass
-
-
-SHORT = dict(num_train_steps=8, log_every_steps=2)  # the input wait of steps 3-4, 5-6 and 7-8
+SHORT = dict(num_train_steps=8, log_every_steps=2)  # records at steps 1, 2, 4, 6 and 8
+DECODE_SEC, STEP_SEC = 0.03, 0.06  # on the loop's clock: an image decoded (the slow input), a step
 
 
 def test_slow_input_makes_input_wait_high_and_fast_input_keeps_it_low(
   tmp_path, monkeypatch, mock_tfds_config
 ):
+  """The input wait is the share of the loop's time spent in getting its next batch. The
+  loop's clock here is the test's, not the wall clock of a machine other tests share: it
+  moves by STEP_SEC a step and, for the slow input, by DECODE_SEC an image decoded (in this
+  process: data_workers=0, one batch of 16 decoded as each step takes one), so each record's
+  share is known exactly."""
+  clock = [0.0]
+  monkeypatch.setattr(
+    train, "time", types.SimpleNamespace(perf_counter=lambda: clock[0], time=time.time)
+  )
+  compile_step = train._compiled_step
+
+  def compiled_step(*args):
+    step = compile_step(*args)
+
+    def timed(*step_args):
+      clock[0] += STEP_SEC
+      return step(*step_args)
+
+    return timed
+
+  monkeypatch.setattr(train, "_compiled_step", compiled_step)
   with tfds.testing.mock_data(num_examples=40):
     train_and_evaluate(mock_tfds_config(**SHORT), str(tmp_path / "fast"))
     decode = streaming.TfdsImages.__getitem__
-    monkeypatch.setattr(
-      streaming.TfdsImages, "__getitem__", lambda self, i: (_burn_cpu(0.03), decode(self, i))[1]
-    )
+
+    def slow_decode(self, index):
+      clock[0] += DECODE_SEC
+      return decode(self, index)
+
+    monkeypatch.setattr(streaming.TfdsImages, "__getitem__", slow_decode)
     train_and_evaluate(mock_tfds_config(**SHORT), str(tmp_path / "slow"))
   fast, slow = _waits(tmp_path / "fast"), _waits(tmp_path / "slow")
-  assert max(slow) > 0.5, slow  # 16 images × 30 ms of decoding per step dominate
-  assert min(slow) > max(fast), (slow, fast)
+  assert len(fast) == len(slow) == 4 and fast == [0.0] * 4, fast
+  decoding = 16 * DECODE_SEC  # a step's batch
+  assert slow == pytest.approx([decoding / (decoding + STEP_SEC)] * 4), slow  # 0.89

@@ -212,9 +212,16 @@ def test_a_fine_tune_starts_from_the_run_s_weights_with_a_new_head_and_a_frozen_
       tuned.variables["params"][name]["kernel"], source.variables["params"][name]["kernel"]
     )
   assert tuned.variables["params"]["Dense_1"]["kernel"].shape == (512, 5)
-  # A resumed fine-tune resumes its own checkpoint and never reads init_from again.
+  # A resumed fine-tune resumes its own checkpoint and never reads init_from again (a path
+  # that does not exist: reading it would be an error).
   config.update(num_train_steps=4, init_from=str(tmp_path / "gone"))
   train_and_evaluate(config, str(tmp_path / "fine"), allow_data_change=True)
+  output = capsys.readouterr().out
+  assert "resumed from the checkpoint at step 3" in output and "initialised from" not in output
+  lines = (tmp_path / "fine" / "metrics.jsonl").read_text().splitlines()
+  assert [r["step"] for r in map(json.loads, lines) if "loss" in r] == [1, 2, 3, 4]  # none twice
+  launches = (tmp_path / "fine" / "launches.jsonl").read_text().splitlines()
+  assert [json.loads(x)["steps"] for x in launches] == [[0, 3], [3, 4]]
 
 
 def test_init_from_a_missing_path_or_another_architecture_is_a_user_error(run, tmp_path):

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from research.errors import EXIT_USER_ERROR, UserError
+from tests.test_resilience import STOPS_ITSELF
 from tools import measure, report, results
 
 ROOT = Path(__file__).parent.parent.parent
@@ -167,20 +168,51 @@ def test_the_speedrun_against_airbench_takes_the_place_of_its_not_measured_row(t
   assert "`./launch.sh report --only peer:cifar_speedrun-airbench --airbench " in table
 
 
-def _report(tmp_path, *args):
-  command = [sys.executable, "-m", "tools.report", "--scale=tiny", *args]
+def _report(tmp_path, *args, program=("-m", "tools.report")):
+  command = [sys.executable, *program, "--scale=tiny", *args]
   command += [f"--results={tmp_path / 'results'}", f"--workdir={tmp_path / 'runs'}"]
   return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600)
 
 
+# The report, its training run made one that sends itself SIGTERM once step 2 is logged
+# (tests/test_resilience.py's STOPS_ITSELF, argv[1]): stopped as the budget stops a run (the
+# budget's SIGTERM), but after it has trained, and at a step the test does not wait for.
+REPORT_WHOSE_RUN_STOPS_ITSELF = """
+import signal, sys
+from tools import measure, report
+run_child, stops_itself = measure.run_child, sys.argv.pop(1)
+
+def run_stopping_itself(command, **kwargs):
+  python, _, _, *args = command  # python -m research.main ARGS
+  return run_child([python, "-c", stops_itself, str(int(signal.SIGTERM)), "2", *args], **kwargs)
+
+measure.run_child = run_stopping_itself
+sys.exit(report.main())
+"""
+
+
 def test_the_report_writes_records_resumes_a_stopped_run_and_its_table_renders(tmp_path):
   data = f"--data={ROOT / 'tests' / 'data' / 'cifar10_slice'}"
+  # The budget spent before the run has trained (a second): stopped, nothing recorded.
   stopped = _report(tmp_path, "--only=main", data, "--budget=0.1")
   assert "stopped at the budget; run the report again" in stopped.stdout, stopped.stdout
   assert not (tmp_path / "results").exists()
+  # Stopped again once it has trained a step or two (SIGTERM after step 2: it checkpoints)...
+  program = ("-c", REPORT_WHOSE_RUN_STOPS_ITSELF, STOPS_ITSELF)
+  stopped = _report(tmp_path, "--only=main", data, program=program)
+  assert "stopped at the budget; run the report again" in stopped.stdout, stopped.stdout
+  assert not (tmp_path / "results").exists()
+  # ... the next report resumes it from its checkpoint and finishes it.
   done = _report(tmp_path, "--only=main", data)
   assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
   assert "main       vgg_smoke                  to measure" in done.stdout
+  resumed = int(re.search(r"resumed from the checkpoint at step (\d+)", done.stdout)[1])
+  assert resumed in (2, 3), done.stdout  # the step after which the stop was taken
+  (workdir,) = (tmp_path / "runs").glob("*/main-vgg_smoke")
+  launches = [json.loads(x)["steps"] for x in (workdir / "launches.jsonl").read_text().splitlines()]
+  assert launches[-2:] == [[0, 6], [resumed, 6]]  # [from step, to step]: the second resumed
+  trained = [r["step"] for r in measure._metrics(workdir) if "loss" in r]
+  assert resumed in trained and trained == sorted(set(trained)) and trained[-1] == 6  # once each
   (record_path,) = (tmp_path / "results").glob("*/main-vgg_smoke.json")
   record = json.loads(record_path.read_text())
   assert record["numbers"]["eval_examples"] == 80 and record["numbers"]["steps"] == 6
