@@ -54,14 +54,6 @@ def test_eval_reproduces_the_final_eval_and_leaves_the_training_s_files_alone(ru
   assert json.loads((workdir / trained.EVALS).read_text().splitlines()[-1])["overrides"] == {}
 
 
-def test_an_eval_metric_a_fork_registers_is_recorded_and_eval_reproduces_it(tmp_path):
-  config = _config(SLICE)  # the run's step: the program the fixture's run compiled
-  config.eval_metrics = ("test_top3",)
-  final = train_and_evaluate(config, str(tmp_path / "run"))
-  assert final["eval_accuracy"] < final["eval_test_top3"] < 1  # top-3 counts more, not all
-  assert trained.evaluate(tmp_path / "run")["eval_test_top3"] == final["eval_test_top3"]
-
-
 def test_eval_on_one_device_of_a_run_trained_on_8_counts_the_same(run):
   workdir, final = run
   env = environment.for_devices(1, "cpu")  # the suite's XLA flags, one device
@@ -322,11 +314,14 @@ sys.exit(trained.main(["predict", "WORKDIR", "a.jpg", "--output={output}"]))
   assert list(tmp_path.iterdir()) == [output]
 
 
-def test_an_ema_run_evaluates_loads_and_fine_tunes_from_its_average(tmp_path):
+def test_an_ema_run_with_a_fork_s_eval_metric_evaluates_loads_and_fine_tunes(tmp_path):
+  """The EMA of the weights is what eval, load and init_from use; an eval metric registered
+  here is in the run's records and `eval` reproduces it."""
   config = _config(SLICE)
-  config.ema_decay = 0.5
+  config.ema_decay, config.eval_metrics = 0.5, ("test_top3",)
   final = train_and_evaluate(config, str(tmp_path / "run"))
   assert final["eval_weights"] == "ema"
+  assert final["eval_accuracy"] < final["eval_test_top3"] < 1  # top-3 counts more, not all
   _, saved = checkpoint.read(tmp_path / "run")
   leaves = jax.tree.leaves
   pairs = lambda a, b: zip(leaves(a), leaves(b), strict=True)
@@ -335,6 +330,7 @@ def test_an_ema_run_evaluates_loads_and_fine_tunes_from_its_average(tmp_path):
     np.testing.assert_array_equal(a, b)  # load and predict use the average
   record = trained.evaluate(tmp_path / "run")
   assert record["eval_weights"] == "ema" and record["eval_loss"] == final["eval_loss"]
+  assert record["eval_test_top3"] == final["eval_test_top3"]
   config.update(init_from=str(tmp_path / "run"), ema_decay=0.0)
   for a, b in pairs(setup(config, warm_start=True).state.params, saved["ema_params"]):
     np.testing.assert_array_equal(a, b)  # a fine-tune starts from the average
