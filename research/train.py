@@ -124,8 +124,7 @@ def _first_state(config, model, inputs: Inputs, augment, tx, source) -> tuple:
   with several seeds, each seed's state stacked along a leading axis, each seed taking
   init_from's weights as its single run would."""
   init_key = steps.run_keys(config.seed)[0]
-  example = np.zeros((1, *inputs.example_shape), np.uint8)
-  model_input = jax.eval_shape(augment, init_key, example)  # what the model sees
+  model_input = _model_input(augment, inputs.example_shape)
   seeds = seeds_lib.seeds_of(config)
   several = seeds if len(seeds) > 1 else None
   # tx.init labels the parameters: a parameter group that matches none is an error here
@@ -168,10 +167,16 @@ def build_step(config, checked, inputs: Inputs, state, optimizer) -> tuple[Calla
   return steps.axis_checked(train_step, config.model.name), micro_batch
 
 
+def _model_input(augment, example_shape):
+  """The shape and dtype of a batch of one as the model sees it: a stored uint8 example of
+  `example_shape` through `augment`."""
+  example = jax.ShapeDtypeStruct((1, *example_shape), np.uint8)
+  return jax.eval_shape(augment, jax.random.key(0), example)
+
+
 def _check_outputs(config, model, augment, example_shape) -> None:
   """A user error unless the model gives one logit per class for the run's images."""
-  example = jax.ShapeDtypeStruct((1, *example_shape), np.uint8)
-  images = jax.eval_shape(augment, jax.random.key(0), example)  # as the model sees them
+  images = _model_input(augment, example_shape)
   models.check_outputs(model, images, config.model.num_classes, config.model.name)
 
 
