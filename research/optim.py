@@ -255,16 +255,29 @@ def _leaves(params):
 
 
 def create_optimizer(
-  config: ml_collections.ConfigDict,
-  steps_per_epoch: int,
-  num_steps,
-  schedule=None,
-  groups=None,
-) -> optax.GradientTransformation:
-  """The config's optimizer, its schedules over `num_steps` (an int, or traced: see
-  learning_rate_schedule); `schedule` and `groups` (group_fields) where already built."""
-  schedule = schedule or learning_rate_schedule(config, steps_per_epoch, num_steps)
+  config: ml_collections.ConfigDict, steps_per_epoch: int, num_steps: int, groups=None
+) -> optax.GradientTransformationExtraArgs:
+  """The config's optimizer, built once a run, its schedules over `num_steps`. Its update takes
+  the run's length as `horizon=` (the compiled step's int32 argument, traced): where every
+  schedule takes it traced (`length_traced`) they end there, so that runs of any length share
+  one compiled step; it then makes its transformations for that length in the trace, as
+  optax.inject_hyperparams does for its traced hyper-parameters. `groups`: group_fields."""
   groups = group_fields(config) if groups is None else groups
+  traced = length_traced(config, groups)
+  made = _transformation(config, steps_per_epoch, num_steps, groups)
+
+  def update(updates, state, params=None, *, horizon=None, **extra_args):
+    if not traced or horizon is None:
+      return made.update(updates, state, params, **extra_args)
+    tx = _transformation(config, steps_per_epoch, horizon, groups)  # the same state's layout
+    return tx.update(updates, state, params, **extra_args)
+
+  return optax.GradientTransformationExtraArgs(made.init, update)
+
+
+def _transformation(config, steps_per_epoch: int, num_steps, groups: dict):
+  """The optimizer's chain, its schedules over `num_steps` (an int, or traced)."""
+  schedule = learning_rate_schedule(config, steps_per_epoch, num_steps)
   chain = []
   if config.grad_clip_norm:
     chain.append(optax.clip_by_global_norm(config.grad_clip_norm))

@@ -2,8 +2,9 @@
 
 `jax.pmap` wraps them in research/train.py. Every collective names `AXIS`. The step takes its
 examples from its batch with the data's `gather` (research/inputs.py): a device-resident
-shard it gathers from, or a batch host workers decoded and prefetched. On XLA:CPU the model
-traces in research/cpu_forms.py's forms of its convolutions and max-pools.
+shard it gathers from, or a batch host workers decoded and prefetched. The model is called
+through its state's `apply_fn` (research/models), the optimizer through its `tx`
+(research/optim.py): the step owns neither.
 """
 
 import dataclasses
@@ -21,7 +22,6 @@ from jax import lax
 
 from research import models
 from research import seeds as seeds_lib
-from research.cpu_forms import cpu_forms_applied
 from research.errors import UserError
 from research.metrics import EVAL_METRICS
 from research.placement import AXIS  # the one pmap axis, 'batch'
@@ -166,8 +166,7 @@ class Run:
   # size: the summed loss, `loss_reduction="sum"`); the logged loss is the mean.
   loss_scale: float = 1.0
   frozen: Any = None  # True for each parameter no update changes (optim.frozen_mask)
-  optimizer: Callable | None = None  # horizon -> optax transformation (None: state.tx)
-  horizon: Any = None  # int32; None: the optimizer's own
+  horizon: Any = None  # int32, given to the optimizer's update; None: the optimizer's own
   seed: Any = None  # None: the keys gather and augment were built with
 
   def examples(self, state, batch) -> Batch:
@@ -191,8 +190,8 @@ class Run:
       params = jax.tree.map(lambda p, f: lax.stop_gradient(p) if f else p, params, self.frozen)
     slice_key = jax.random.fold_in(ex.rng, ex.positions[part][0])
     rngs = {"dropout": slice_key, "params": slice_key, PER_EXAMPLE: ex.rng}
-    # The model as written; from outside it, dropout per example and (on CPU) the CPU forms.
-    with dropout_per_example(ex.positions[part]), cpu_forms_applied():
+    # The model as written; from outside it, dropout per example (and apply_fn's CPU forms).
+    with dropout_per_example(ex.positions[part]):
       return state.apply_fn(
         {"params": params, "batch_stats": batch_stats},
         ex.images[part],
@@ -230,12 +229,13 @@ class Run:
 
   def update(self, state, grads, batch_stats):
     """`state` after the optimizer's update by `grads` (averaged over the devices already),
-    with `batch_stats`."""
-    # The update of `optimizer(horizon)`; the state keeps its own `tx` (static: what it returns
-    # must match what it was given).
-    tx = state.tx if self.optimizer is None else self.optimizer(self.horizon)
-    new_state = state.replace(tx=tx).apply_gradients(grads=grads, batch_stats=batch_stats)
-    new_state = new_state.replace(tx=state.tx)
+    with `batch_stats`: `state.tx` (research/optim.py) with its schedules over `horizon`."""
+    tx = optax.with_extra_args_support(state.tx)  # a plain optax transformation ignores it
+    updates, opt_state = tx.update(grads, state.opt_state, state.params, horizon=self.horizon)
+    params = optax.apply_updates(state.params, updates)
+    new_state = state.replace(
+      step=state.step + 1, params=params, opt_state=opt_state, batch_stats=batch_stats
+    )
     if state.ema_params is None:
       return new_state
     decay = self.config.ema_decay  # once a step: the same on any device count and micro-batch
@@ -300,11 +300,8 @@ def eval_logits(state, images_u8, sizes=None, *, preprocess):
   images = preprocess(jax.random.key(0), images_u8, sizes)  # deterministic ops only
 
   def apply(x):
-    with cpu_forms_applied():
-      logits = state.apply_fn(
-        {"params": state.params, "batch_stats": state.batch_stats}, x, train=False
-      )
-    return logits.astype(jnp.float32)
+    variables = {"params": state.params, "batch_stats": state.batch_stats}
+    return state.apply_fn(variables, x, train=False).astype(jnp.float32)
 
   if not preprocess.weights:
     logits = apply(images)

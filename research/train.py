@@ -85,9 +85,9 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
   num_steps = config.num_train_steps
   if num_steps <= 0:
     num_steps = config.num_epochs * per_epoch
-  optimizer = _optimizer(config, checked.groups, per_epoch, num_steps)
-  state, warm = _first_state(config, model, inputs, checked.augment, optimizer(), source)
-  train_step, micro_batch = build_step(config, checked, inputs, state, optimizer)
+  tx = optim.create_optimizer(config, per_epoch, num_steps, checked.groups)  # once a run
+  state, warm = _first_state(config, model, inputs, checked.augment, tx, source)
+  train_step, micro_batch = build_step(config, checked, inputs, state)
   return Training(
     inputs,
     seeds,
@@ -106,19 +106,6 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
   )
 
 
-def _optimizer(config, groups: dict, steps_per_epoch: int, num_steps: int) -> Callable:
-  """`horizon -> optax transformation`, its schedules over `horizon` steps (the run's length
-  as the compiled step's argument, traced) where every schedule takes it traced, else over
-  `num_steps`; no horizon: over `num_steps`."""
-  traced = optim.length_traced(config, groups)
-
-  def optimizer(horizon=None):
-    horizon = num_steps if horizon is None or not traced else horizon
-    return optim.create_optimizer(config, steps_per_epoch, horizon, None, groups)
-
-  return optimizer
-
-
 def _first_state(config, model, inputs: Inputs, augment, tx, source) -> tuple:
   """(the run's initial state on the host, what it took from `init_from`'s `source` or None):
   with several seeds, each seed's state stacked along a leading axis, each seed taking
@@ -135,7 +122,7 @@ def _first_state(config, model, inputs: Inputs, augment, tx, source) -> tuple:
   return state, warmed[0][1]
 
 
-def build_step(config, checked, inputs: Inputs, state, optimizer) -> tuple[Callable, int]:
+def build_step(config, checked, inputs: Inputs, state) -> tuple[Callable, int]:
   """(the run's train step for ONE device, its micro-batch): the registered step config.step
   names, given the run's pieces (steps.Run), all but (state, batch, horizon, seed) bound
   (several seeds: seeds.seeded, without a seed); traced, a model that names an axis the step
@@ -159,7 +146,6 @@ def build_step(config, checked, inputs: Inputs, state, optimizer) -> tuple[Calla
     micro_batch=micro_batch,
     loss_scale=config.batch_size if config.loss_reduction == "sum" else 1.0,
     frozen=optim.frozen_mask(config, one.params, checked.groups),
-    optimizer=optimizer,
   )
   if len(seeds) > 1:
     vectorized = config.seeds_mode == "vmap"

@@ -283,7 +283,7 @@ def test_the_summed_loss_steps_as_the_mean_loss_with_the_batch_times_the_learnin
   lr = config.learning_rate
   (a, ma), (b, mb) = [
     _one_step(training, _with_optimizer(state, config, lr * lr_factor), images, labels, 1,
-              augment=plain, loss_scale=loss_scale, optimizer=None)  # the state's own
+              augment=plain, loss_scale=loss_scale)
     for lr_factor, loss_scale in ((1, 32.0), (32, 1.0))
   ]  # fmt: skip
   np.testing.assert_allclose(ma["loss"], mb["loss"], rtol=1e-6)  # the logged loss is the mean

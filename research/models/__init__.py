@@ -9,9 +9,9 @@ called on float images [batch, H, W, C] with its mode as its `__call__` names it
 decoded). `axis_name` is the pmap axis ('batch', as flax's examples name it; None outside
 pmap) for BatchNorm, so statistics are averaged across replicas: a model copied from a flax
 codebase that names 'batch' itself runs as written.
-Dropout draws from the "dropout" rng collection. The step applies its own forms from outside
-the model (research/steps.py: a dropout mask per example; research/cpu_forms.py: faster
-convolutions on CPU). Only max-pooling, a function no interceptor reaches, is called by name:
+Dropout draws from the "dropout" rng collection. Forms from outside the model apply to it: the
+step's dropout mask per example (research/steps.py) and, in `apply_fn`, research/cpu_forms.py's
+faster convolutions on CPU. Only max-pooling, a function no interceptor reaches, is called by name:
 the shipped models use `cpu_forms.max_pool`. The loss is the config's (research/losses.py).
 
 A model may also compute part of its initial parameters from training images: its module
@@ -36,6 +36,7 @@ import jax
 import ml_collections
 from flax import nnx
 
+from research.cpu_forms import cpu_forms_applied
 from research.errors import UserError
 from research.registry import Registry
 
@@ -119,12 +120,14 @@ def mode(module: nn.Module, train: bool) -> dict:
 
 
 def apply_fn(module: nn.Module) -> Callable:
-  """`module.apply(variables, images, train=..., **kwargs)` for any mode keyword (`mode`)."""
+  """`module.apply(variables, images, train=..., **kwargs)` for any mode keyword (`mode`),
+  traced in research/cpu_forms.py's forms where they are on (on CPU)."""
   return functools.partial(_apply, module)
 
 
 def _apply(module, variables, images, *, train: bool, **kwargs):
-  return module.apply(variables, images, **mode(module, train), **kwargs)
+  with cpu_forms_applied():
+    return module.apply(variables, images, **mode(module, train), **kwargs)
 
 
 def check_outputs(module: nn.Module, images, num_classes: int, name: str) -> None:
