@@ -250,6 +250,7 @@ def _write_metadata(workdir: Path, config, training: Training) -> None:
     "dataset_used": training.inputs.name,
     "dataset_source": training.inputs.source,
     "classes": list(training.inputs.classes),  # names in label order (research/trained.py)
+    "example_shape": list(training.inputs.example_shape),  # [H, W, C] as stored: predict reads so
     "fallback_reason": training.inputs.fallback_reason,
     "skipped_images": len(training.inputs.skipped_files()),  # undecodable files skipped
     "passed_over_files": len(training.inputs.passed_over),  # image folders: non-images

@@ -78,11 +78,13 @@ class Trained:
   # The seeds whose variables are stacked along a leading axis, predicting as their ensemble
   # (the mean of their probabilities); () for one seed's variables
   seeds: tuple = ()
+  # [H, W, C] of the run's stored examples: files are read at that size, C = 1 as grayscale
+  example_shape: tuple = ()
 
   def predict(self, images, sizes=None) -> np.ndarray:
     """Class probabilities [N, num_classes] of `images`: image files or PIL images (a list),
     read and resized as `./launch.sh predict` reads them (the same probabilities); or uint8
-    [N, H, W, 3] of the size the run trained on, `sizes` [N, 2] the valid part of padded
+    [N, H, W, C] of the size the run trained on, `sizes` [N, 2] the valid part of padded
     images for a run on streamed data. Through the run's eval preprocessing (every view)."""
     if isinstance(images, (list, tuple)):
       examples = [self.example(image) for image in images]
@@ -91,14 +93,15 @@ class Trained:
     return np.asarray(self._jitted_probabilities(self.variables, images_u8, sizes))
 
   def example(self, image) -> dict:
-    """{"image": uint8 [size, size, 3]} (and "size", its valid part, for a run on streamed
+    """{"image": uint8 [size, size, C]} (and "size", its valid part, for a run on streamed
     data) of an image file or a PIL image, as the run's examples are stored: its shorter side
     resized to the run's size and its centre cropped; streamed, its longer side resized and
-    the rest padded."""
-    size = stored_size(self.config)
+    the rest padded. A run on one channel reads it as grayscale (PIL's luma)."""
+    size, _, channels = self.example_shape or (stored_size(self.config), None, 3)
     if self.streamed:
       return folder.pad_to_square(folder.read_rgb(image, max_side=size), size)
-    return {"image": folder.read_rgb(image, cover=size)}
+    rgb = folder.read_rgb(image, cover=size)
+    return {"image": rgb if channels == 3 else folder.gray(rgb)}
 
   @functools.cached_property
   def preprocess(self) -> Callable:
@@ -169,7 +172,8 @@ def load(workdir, step: int | None = None, seed: int | None = None) -> Trained:
   if seed is not None:
     variables, seeds = one_seed(variables, config, seed, f"{workdir} seed={seed}"), ()
   model = models.create(config.model, None)
-  return Trained(config, run_classes(workdir, config), variables, model, step, seeds)
+  shape = tuple(workdir_lib.last_recorded(workdir, "example_shape") or ())  # runs before: RGB
+  return Trained(config, run_classes(workdir, config), variables, model, step, seeds, shape)
 
 
 def used_params(state: dict):

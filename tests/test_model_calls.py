@@ -120,6 +120,15 @@ def test_an_nnx_model_trains_on_one_channel_images_evaluates_predicts_and_checkp
   run = trained.load(tmp_path / "run")
   probabilities = run.predict(np.zeros((3, 28, 28, 1), np.uint8))
   assert probabilities.shape == (3, 10) and np.allclose(probabilities.sum(-1), 1, atol=1e-5)
+  # An image file is read as the run's examples are stored: 28×28, one channel (gray).
+  digits = data.DATASETS.get("test_digits")(config)
+  Image.fromarray(digits.test_images[0, ..., 0], "L").save(tmp_path / "digit.png")
+  Image.fromarray(np.repeat(digits.test_images[0], 3, -1), "RGB").save(tmp_path / "rgb.png")
+  expected = run.predict(digits.test_images[:1])
+  for file in ("digit.png", "rgb.png"):  # an RGB file of gray pixels: the same gray
+    np.testing.assert_allclose(run.predict([str(tmp_path / file)]), expected, rtol=1e-5, atol=1e-6)
+  (row,) = trained.predict(tmp_path / "run", [tmp_path / "digit.png"])
+  assert row["classes"] == [run.classes[int(expected.argmax())]]
 
 
 def test_the_mode_keyword_follows_the_model_s_call():

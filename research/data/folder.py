@@ -204,6 +204,12 @@ def as_rgb(image: Image.Image) -> Image.Image:
   return image if image.mode == "RGB" else image.convert("RGB")
 
 
+def gray(rgb: np.ndarray) -> np.ndarray:
+  """uint8 [h, w, 3] as one channel, [h, w, 1]: PIL's luma (L = R·299/1000 + G·587/1000 +
+  B·114/1000)."""
+  return np.asarray(Image.fromarray(rgb, "RGB").convert("L"))[..., None]
+
+
 def read_rgb(path, max_side: int = 0, cover: int = 0) -> np.ndarray:
   """Decodes one file (or a PIL image) to uint8 [h, w, 3] upright (`as_rgb`); with max_side,
   its longer side resized to max_side; with cover, its shorter side resized to cover and its
