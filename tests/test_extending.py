@@ -2,9 +2,7 @@
 registers all five kinds of part and trains, evaluates and predicts through ./launch.sh."""
 
 import functools
-import importlib.util
 import json
-import re
 import shutil
 import subprocess
 import sys
@@ -20,14 +18,9 @@ from PIL import Image
 from research import augment, configuration, losses, models, steps
 from research.placement import first_replica, replicate
 from research.train import train_and_evaluate
+from tests import guide
 
 ROOT = Path(__file__).parent.parent
-GUIDE = (ROOT / "docs" / "extending.md").read_text()
-
-
-def _files() -> dict[str, str]:
-  """{path: text} of each code block preceded by a line naming its file: `path`:"""
-  return dict(re.findall(r"`([\w/]+\.py)`:\n\n```python\n(.*?)```", GUIDE, re.S))
 
 
 def _run(scratch, *arguments, timeout=600):
@@ -36,10 +29,10 @@ def _run(scratch, *arguments, timeout=600):
 
 
 def test_the_fork_package_copied_verbatim_trains_evaluates_predicts_and_loads(tmp_path):
-  files = _files()
+  files = guide.files()
   assert sorted(files) == [
     "myexp/__init__.py", "myexp/config.py", "myexp/model.py", "myexp/parts.py",
-    "myexp/vgg_lion.py",
+    "myexp/spots.py", "myexp/vgg_lion.py",
   ]  # fmt: skip
   scratch = tmp_path / "checkout"
 
@@ -68,6 +61,7 @@ def test_the_fork_package_copied_verbatim_trains_evaluates_predicts_and_loads(tm
   assert len(losses) >= 3 and losses[-1] < losses[0]  # the focal loss falls under Lion
   assert final["eval_examples"] == 256 and final["eval_accuracy"] > 0.6  # 2 classes
   assert final["eval_loss_kind"] == "cross_entropy" and final["eval_top5"] == 1.0  # 2 classes
+  assert final["eval_weights"] == "ema"  # the smoke run's ema_decay
   assert json.loads((workdir / "config.json").read_text())["modules"] == ["myexp"]
 
   # eval and predict import the run's modules themselves: the names are in its config.
@@ -95,23 +89,15 @@ def test_the_fork_package_copied_verbatim_trains_evaluates_predicts_and_loads(tm
     "import jax; from research import configuration, validate; "
     "c = configuration.load('myexp/vgg_lion.py:smoke,lion'); "
     "validate.train_config(c, jax.device_count()); "
-    "print(c.model.name, c.model.depth, c.dataset, c.optimizer, c.modules)"
+    "print(c.model.name, c.model.depth, c.dataset, c.optimizer, c.modules); "
+    "c = configuration.load('myexp/config.py:spots'); "  # trained in tests/test_model_calls.py
+    "validate.train_config(c, jax.device_count()); print(c.model.name, c.dataset)"
   )
   built = subprocess.run(
     [sys.executable, "-c", code], cwd=scratch, capture_output=True, text=True, timeout=300
   )
   assert built.returncode == 0, built.stderr[-2000:]
-  assert built.stdout.split() == ["vgg", "11", "synthetic", "lion", "('myexp',)"]
-
-
-def _guide_module(path: str, tmp_path):
-  """The guide's file `path`, imported as a module of its own (its parts registered)."""
-  file = tmp_path / Path(path).name
-  file.write_text(_files()[path])
-  spec = importlib.util.spec_from_file_location(f"guide_{file.stem}", file)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  assert built.stdout.split() == ["vgg", "11", "synthetic", "lion", "('myexp',)", "cnn", "spots"]
 
 
 class _Linear(nn.Module):
@@ -124,8 +110,8 @@ class _Linear(nn.Module):
 # gradient of 16 examples' mean over 2 devices, then its norm): a few units of 6e-8 relative,
 # amplified by nothing (one SGD step at lr 1 moves each weight by its gradient, of size 1e-2).
 def test_the_guide_s_sam_step_applies_the_gradient_at_the_perturbed_weights(tmp_path):
-  guide = _guide_module("myexp/parts.py", tmp_path)
-  assert steps.STEPS.get("sam") is guide.sam
+  parts = guide.module("myexp/parts.py", tmp_path)
+  assert steps.STEPS.get("sam") is parts.sam
   rng = np.random.default_rng(0)
   images_u8, labels = rng.integers(0, 256, (16, 4, 4, 3), np.uint8), rng.integers(0, 10, 16)
   model, rho, tx = _Linear(), 0.05, optax.sgd(1.0)  # lr 1: the update is minus the gradient
@@ -179,7 +165,7 @@ models.register("test_linear")(lambda model_config, axis_name: _Linear())
 # difference from before: the moved norm is off by at most 2·6e-8·|params| = 1e-6 here, against
 # moves of lr·|g| >= 3e-3 once the warm-up's first step (lr 0, moved exactly 0) is past.
 def test_the_logged_learning_rate_is_the_one_applied_under_the_guide_s_schedule(tmp_path):
-  _guide_module("myexp/parts.py", tmp_path)  # registers warmup_cosine
+  guide.module("myexp/parts.py", tmp_path)  # registers warmup_cosine
   config = configuration.load("configs/cifar_keras_cnn.py:smoke")
   config.model.name, config.step = "test_linear", "test_applied_learning_rate"
   config.update(synthetic_train_size=64, synthetic_test_size=16, synthetic_image_size=4)

@@ -11,6 +11,7 @@ from PIL import Image
 from research import checkpoint, configuration, data, models, trained
 from research.errors import UserError
 from research.train import setup, train_and_evaluate
+from tests import guide
 
 
 class _Plain(nn.Module):
@@ -52,43 +53,12 @@ class _Nnx(nnx.Module):
     return self.linear(x.mean((1, 2)))
 
 
-class CNN(nnx.Module):
-  """A CNN as flax's NNX MNIST tutorial writes one: BatchNorm and Dropout of its own."""
-
-  def __init__(self, *, rngs: nnx.Rngs):
-    self.conv1 = nnx.Conv(1, 16, kernel_size=(3, 3), rngs=rngs)
-    self.batch_norm = nnx.BatchNorm(16, rngs=rngs)
-    self.dropout = nnx.Dropout(rate=0.1, rngs=rngs)
-    self.linear = nnx.Linear(16 * 14 * 14, 10, rngs=rngs)
-
-  def __call__(self, x):
-    x = nnx.avg_pool(nnx.relu(self.batch_norm(self.conv1(x))), window_shape=(2, 2), strides=(2, 2))
-    return self.linear(self.dropout(x.reshape(x.shape[0], -1)))
-
-
-@data.register("test_digits", num_classes=10)
-def _digits(config):
-  """28×28 grayscale images, one channel: class k is a bright square at place k, in noise."""
-  rng = np.random.default_rng(config.seed)
-
-  def split(n):
-    labels = rng.integers(0, 10, n)
-    images = rng.integers(0, 80, (n, 28, 28, 1))
-    for i, k in enumerate(labels):
-      row, col = divmod(int(k), 5)
-      images[i, 2 + 12 * row : 12 + 12 * row, 1 + 5 * col : 5 + 5 * col] += 170
-    return images.astype(np.uint8), labels
-
-  return data.ImageDataset("test_digits", "generated", *split(256), *split(64), num_classes=10)
-
-
 for name, make in (
   ("test_plain", _Plain),
   ("test_deterministic", _Deterministic),
   ("test_needs_rngs", _NeedsRngs),
   ("test_ten_outputs", _TenOutputs),
   ("test_nnx_instance", lambda: _Nnx(nnx.Rngs(0))),
-  ("test_nnx_cnn", lambda: CNN),  # the class: the library makes it, with the run's rngs
 ):
   models.register(name)(lambda model_config, axis_name, make=make: make())
 
@@ -109,25 +79,28 @@ def test_a_model_without_train_trains_evaluates_and_predicts_as_written(model, t
   assert run.predict(np.zeros((2, 8, 8, 3), np.uint8)).shape == (2, 10)
 
 
-def test_an_nnx_model_trains_on_one_channel_images_evaluates_predicts_and_checkpoints(tmp_path):
-  config = _config("test_nnx_cnn")
-  config.update(dataset="test_digits", augment="crop(2)|standardize", eval_preprocess="standardize")
-  config.update(batch_size=32, eval_batch_size=32, num_train_steps=16, learning_rate=1e-2)
+def test_the_guide_s_nnx_cnn_trains_on_one_channel_images_evaluates_predicts_and_checkpoints(
+  tmp_path,
+):
+  for part in ("spots", "parts"):  # the NNX CNN and the spots dataset; the loss, Lion, ...
+    guide.module(f"myexp/{part}.py", tmp_path)
+  config = guide.module("myexp/config.py", tmp_path).get_config("spots")
+  config.modules = ()  # myexp is no package here: its parts are registered above
   final = train_and_evaluate(config, str(tmp_path / "run"))
   assert final["eval_examples"] == 64 and final["eval_accuracy"] > 0.5  # 10 classes
   _, saved = checkpoint.read(tmp_path / "run")
-  assert saved["batch_stats"]["nnx"]["batch_norm"]["mean"].shape == (16,)  # its statistics
+  assert saved["batch_stats"]["nnx"]["norm1"]["mean"].shape == (16,)  # its statistics
   run = trained.load(tmp_path / "run")
   probabilities = run.predict(np.zeros((3, 28, 28, 1), np.uint8))
   assert probabilities.shape == (3, 10) and np.allclose(probabilities.sum(-1), 1, atol=1e-5)
   # An image file is read as the run's examples are stored: 28×28, one channel (gray).
-  digits = data.DATASETS.get("test_digits")(config)
-  Image.fromarray(digits.test_images[0, ..., 0], "L").save(tmp_path / "digit.png")
-  Image.fromarray(np.repeat(digits.test_images[0], 3, -1), "RGB").save(tmp_path / "rgb.png")
-  expected = run.predict(digits.test_images[:1])
-  for file in ("digit.png", "rgb.png"):  # an RGB file of gray pixels: the same gray
+  spots = data.DATASETS.get("spots")(config)
+  Image.fromarray(spots.test_images[0, ..., 0], "L").save(tmp_path / "spot.png")
+  Image.fromarray(np.repeat(spots.test_images[0], 3, -1), "RGB").save(tmp_path / "rgb.png")
+  expected = run.predict(spots.test_images[:1])
+  for file in ("spot.png", "rgb.png"):  # an RGB file of gray pixels: the same gray
     np.testing.assert_allclose(run.predict([str(tmp_path / file)]), expected, rtol=1e-5, atol=1e-6)
-  (row,) = trained.predict(tmp_path / "run", [tmp_path / "digit.png"])
+  (row,) = trained.predict(tmp_path / "run", [tmp_path / "spot.png"])
   assert row["classes"] == [run.classes[int(expected.argmax())]]
 
 
