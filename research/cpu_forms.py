@@ -1,14 +1,14 @@
-"""Forms of convolution (and of max-pool's gradient) that run faster on XLA:CPU, applied to
-any flax model from outside it.
+"""Forms of convolution and max-pool that run faster than XLA's own ops on XLA:CPU (and one
+on GPUs), applied to any flax model from outside it.
 
 On CPU (tests, smoke runs, CI, laptops) the step traces its model inside
 `cpu_forms_applied()`: every `nn.Conv` then takes another form of the same computation where
 XLA:CPU's own is slow (flax's `nn.intercept_methods` hands it this module's
 `conv_general_dilated`); each form has the same values and gradients to float rounding
 (tests/test_train_step.py) and is kept only while it gains at least 5% in a shipped default
-step (docs/cpu_step.md says why each is faster; BENCHMARKS.md, what each gains). Elsewhere
-(cuDNN on GPU) nothing changes unless `with_forms(*forms)` switches forms on, as the
-benchmark does to measure them there.
+step (docs/cpu_step.md says why each is faster; BENCHMARKS.md, what each gains). On a GPU the
+forms `DEFAULT_FORMS["gpu"]` names are on (the max-pool's gradient); `with_forms(*forms)`
+switches others on, as the benchmark does to measure them there.
 
 - kernel_gradient: the kernel's gradient is one matrix product, the kh × kw shifted views
   of the padded input stacked channels-first times the output gradient, where XLA:CPU runs a
@@ -16,10 +16,12 @@ benchmark does to measure them there.
 - small_input: a convolution whose kernel is larger than its input (3×3 on 2×2) is the same
   product of views, where XLA:CPU runs a generic loop.
 - max_pool_gradient: the gradient of a non-overlapping max-pool is a select per window,
-  where XLA:CPU scatters through index arrays.
+  where XLA scatters through index arrays (on GPU too: `DEFAULT_FORMS`).
+- max_pool_forward: with max_pool_gradient, its forward is a reshape and a max, where XLA
+  runs a reduce-window (off by default: measured where a lease allows).
 
-`without_cpu_forms(*forms)` traces models with XLA's own ops instead (the benchmarks' baseline);
-`with_forms(*forms)` traces them with these forms on any backend.
+`without_cpu_forms(*forms)` traces models with XLA's own ops instead (the benchmarks' baseline;
+default: all forms); `with_forms(*forms)` traces them with these forms on any backend.
 """
 
 import contextlib
@@ -137,15 +139,24 @@ def conv_general_dilated(
   return _conv(lhs, rhs, tuple(window_strides), pads, precision)
 
 
-CPU_FORMS = ("kernel_gradient", "small_input", "max_pool_gradient")
+FORMS = ("kernel_gradient", "small_input", "max_pool_gradient", "max_pool_forward")
+# The forms on by default, per backend, each where it measured faster in a shipped default step
+# (BENCHMARKS.md): on a GPU the max-pool's gradient as a select per window gained 1.083 in the
+# speedrun's step on one H200 (docs/gpu_hosts.md), where XLA runs a select-and-scatter.
+DEFAULT_FORMS = {
+  "cpu": ("kernel_gradient", "small_input", "max_pool_gradient"),
+  "gpu": ("max_pool_gradient",),
+}
+CPU_FORMS = DEFAULT_FORMS["cpu"]
 _off: set = set()  # forms switched off by `without_cpu_forms`
-_on: set = set()  # forms switched on off CPU by `with_forms`
+_on: set = set()  # forms switched on by `with_forms`
 
 
 def _uses(form: str) -> bool:
-  """Whether layers traced now use `form`: on CPU unless `without_cpu_forms` switched it off;
-  elsewhere if `with_forms` switched it on."""
-  return form not in _off and (jax.default_backend() == "cpu" or form in _on)
+  """Whether layers traced now use `form`: where the backend's defaults name it, unless
+  `without_cpu_forms` switched it off; anywhere `with_forms` switched it on."""
+  default = form in DEFAULT_FORMS.get(jax.default_backend(), ())
+  return form not in _off and (default or form in _on)
 
 
 def _conv_in_cpu_form(next_fun, args, kwargs, context):
@@ -163,8 +174,8 @@ def _conv_in_cpu_form(next_fun, args, kwargs, context):
 
 
 def cpu_forms_applied():
-  """A context in which models trace with the CPU forms: on CPU, unless `without_cpu_forms` switched
-  them all off; elsewhere those `with_forms` switched on (by default none: nothing changes)."""
+  """A context in which models trace with the convolution forms the backend uses (`_uses`): on
+  CPU, unless `without_cpu_forms` switched them off; elsewhere those `with_forms` switched on."""
   if any(_uses(form) for form in ("kernel_gradient", "small_input")):
     return nn.intercept_methods(_conv_in_cpu_form)
   return contextlib.nullcontext()
@@ -172,10 +183,10 @@ def cpu_forms_applied():
 
 @contextlib.contextmanager
 def without_cpu_forms(*forms: str):
-  """Models traced inside use XLA's own ops instead of these CPU forms (default: all of them):
-  the baselines the benchmarks measure the forms against."""
+  """Models traced inside use XLA's own ops instead of these forms (default: all of them): the
+  baselines the benchmarks measure the forms against."""
   before = set(_off)
-  _off.update(forms or CPU_FORMS)
+  _off.update(forms or FORMS)
   try:
     yield
   finally:
@@ -196,19 +207,31 @@ def with_forms(*forms: str):
     _on.update(before)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def _max_pool(x, window: int):
+def _windows_max(x, window: int):
+  """The max-pool's forward as a reshape and a max over each window's axes (no reduce-window):
+  the same values, exactly."""
+  b, h, w, c = x.shape
+  ho, wo = h // window, w // window
+  tiles = x[:, : ho * window, : wo * window].reshape(b, ho, window, wo, window, c)
+  return jnp.max(tiles, axis=(2, 4))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _max_pool(x, window: int, reshaped: bool):
+  if reshaped:
+    return _windows_max(x, window)
   return nn.max_pool(x, (window, window), strides=(window, window))
 
 
-def _max_pool_fwd(x, window):
-  return _max_pool(x, window), x
+def _max_pool_fwd(x, window, reshaped):
+  return _max_pool(x, window, reshaped), x
 
 
-def _max_pool_bwd(window, x, g):
+def _max_pool_bwd(window, reshaped, x, g):
   """The gradient goes to the first maximum of each window (row-major), as in XLA: found by one
   argmax over the window's values, so that no two computations of them (which XLA may fuse
   and round apart) are compared for equality."""
+  del reshaped  # the forward's form: the same values either way
   b, ho, wo, c = g.shape  # x: [B, H, W, C]
   tiles = x[:, : ho * window, : wo * window].reshape(b, ho, window, wo, window, c)
   flat = tiles.transpose(0, 1, 3, 2, 4, 5).reshape(b, ho, wo, window * window, c)
@@ -227,8 +250,11 @@ _max_pool.defvjp(_max_pool_fwd, _max_pool_bwd)
 
 
 def max_pool(x, window: int):
-  """`nn.max_pool` with window = stride (non-overlapping), VALID; on CPU its gradient is a
-  select per window (`_max_pool_bwd`)."""
+  """`nn.max_pool` with window = stride (non-overlapping), VALID. With the form
+  max_pool_gradient its gradient is a select per window (`_max_pool_bwd`, no scatter), and
+  with max_pool_forward besides its forward a reshape and a max (`_windows_max`, no
+  reduce-window); max_pool_forward alone changes nothing (jnp.max's own gradient would share
+  a tie among the window's maxima, where XLA's and ours give it to the first)."""
   if _uses("max_pool_gradient"):
-    return _max_pool(x, window)
+    return _max_pool(x, window, _uses("max_pool_forward"))
   return nn.max_pool(x, (window, window), strides=(window, window))

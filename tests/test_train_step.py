@@ -268,23 +268,33 @@ def test_the_cpu_max_pool_has_xla_s_value_and_gradient_ties_included(size):
   np.testing.assert_array_equal(ours_grad, grad)
 
 
-def test_off_cpu_a_form_is_used_only_where_switched_on(monkeypatch):
-  """On another backend the max-pool's gradient is XLA's (a select-and-scatter) unless
-  `with_forms` switches the form on, as the benchmark does to measure it there; on, it is the
-  select per window, with XLA's values."""
-  images = jax.random.randint(jax.random.key(0), (2, 8, 8, 4), 0, 3).astype(jnp.float32)
+def test_on_a_gpu_the_max_pool_s_gradient_is_a_select_its_forward_a_reshape_where_switched_on(
+  monkeypatch,
+):
+  """On a GPU the max-pool's gradient is the select per window by default (no
+  select-and-scatter), with XLA's values: the gradient to each window's first maximum, ties
+  included; `with_forms("max_pool_forward")` makes its forward a reshape and a max (no
+  reduce-window), the same values; `without_cpu_forms` gives XLA's own ops."""
+  images = jax.random.randint(jax.random.key(0), (2, 9, 8, 4), 0, 3).astype(jnp.float32)  # ties
   loss = lambda x: jnp.sum(jnp.sin(cpu_forms.max_pool(x, 2)))
-  xla_grad = jax.grad(lambda x: jnp.sum(jnp.sin(flax.linen.max_pool(x, (2, 2), (2, 2)))))
-  monkeypatch.setattr(steps.jax, "default_backend", lambda: "gpu")  # what steps.py reads
+  xla = lambda x: jnp.sum(jnp.sin(flax.linen.max_pool(x, (2, 2), (2, 2))))
+  monkeypatch.setattr(cpu_forms.jax, "default_backend", lambda: "gpu")
 
-  def gradient(*forms):
-    with cpu_forms.with_forms(*forms):
-      return str(jax.make_jaxpr(jax.grad(loss))(images)), jax.grad(loss)(images)
+  def traced(context):
+    with context:
+      jaxpr = str(jax.make_jaxpr(jax.grad(loss))(images))
+      return jaxpr, loss(images), jax.grad(loss)(images)
 
-  (plain, _), (switched, grad) = gradient(), gradient("max_pool_gradient")
-  assert "select_and_scatter" in plain and "select_and_scatter" not in switched
-  np.testing.assert_array_equal(grad, xla_grad(images))
-  assert gradient()[0] == plain  # the switch ends with its context
+  default = traced(contextlib.nullcontext())
+  reshaped = traced(cpu_forms.with_forms("max_pool_forward"))
+  plain = traced(cpu_forms.without_cpu_forms())
+  assert "select_and_scatter" in plain[0] and "reduce_window_max" in plain[0]
+  assert "select_and_scatter" not in default[0] and "reduce_window_max" in default[0]
+  assert "select_and_scatter" not in reshaped[0] and "reduce_window" not in reshaped[0]
+  for _, value, grad in (default, reshaped, plain):
+    assert value == xla(images)
+    np.testing.assert_array_equal(grad, jax.grad(xla)(images))
+  assert traced(contextlib.nullcontext())[0] == default[0]  # each switch ends with its context
 
 
 @pytest.mark.parametrize(

@@ -18,10 +18,11 @@
                         the auto micro-batch) ÷ the same step with XLA's convolutions on the
                         whole batch (what a plain jitted flax step does), in this process's
                         devices (1 on a CPU host unless XLA_FLAGS says otherwise).
-  forms                 each CPU form of research/steps.py on and off in the shipped default
-                        steps (Keras CNN, VGG-16, Inception-v3 :smoke; --configs): on a CPU
-                        each switched off against all on, elsewhere each switched on against
-                        XLA's own ops; and the host-memory settings. Compiled in one process,
+  forms                 each form of research/cpu_forms.py on and off in the shipped default
+                        steps (Keras CNN, VGG-16, Inception-v3 :smoke; --configs): each the
+                        backend uses switched off alone, each other switched on alone, and
+                        XLA's own ops, against the backend's default; and the host-memory
+                        settings. Compiled in one process,
                         timed in alternating rounds (malloc in alternating processes).
   seeds                 a config's bare step with --seeds=N (default 1,4) in one program,
                         batched (vmap) and traced apart (unroll): seconds per
@@ -198,13 +199,18 @@ FORM_CONFIGS = (
 
 
 def form_variants() -> dict:
-  """{name: (the forms switched off, the forms switched on)}, the backend's default first. On
-  CPU, where the forms are on: all, each off alone, none (XLA's own ops). Elsewhere, where
-  XLA's own ops run: none, each on alone, all."""
-  forms = cpu_forms.CPU_FORMS
-  if jax.default_backend() == "cpu":
-    return {"all": ((), ()), **{f"no {f}": ((f,), ()) for f in forms}, "none": (forms, ())}
-  return {"none": ((), ()), **{f"only {f}": ((), (f,)) for f in forms}, "all": ((), forms)}
+  """{name: (the forms switched off, the forms switched on)}, the backend's default first: each
+  form the backend uses by default switched off alone ("no FORM"), each other switched on alone
+  ("with FORM"), then "none" (XLA's own ops throughout) and "all"."""
+  defaults = cpu_forms.DEFAULT_FORMS.get(jax.default_backend(), ())
+  others = [f for f in cpu_forms.FORMS if f not in defaults]
+  return {
+    "default": ((), ()),
+    **{f"no {f}": ((f,), ()) for f in defaults},
+    **{f"with {f}": ((), (f,)) for f in others},
+    "none": (cpu_forms.FORMS, ()),
+    "all": ((), cpu_forms.FORMS),
+  }
 
 
 def form_gains(path: str, variants: list[str], rounds: int, seconds: float = 6.0) -> dict:
@@ -212,8 +218,7 @@ def form_gains(path: str, variants: list[str], rounds: int, seconds: float = 6.0
   compiled in this process first, then timed in `rounds` alternating rounds (the order
   reversed every other round); a variant compiled to the same program as the backend's
   default (its form does not occur in this model) is not timed. The gain of a variant: the
-  step with its form(s) ÷ without them (on CPU the default ÷ the variant, elsewhere the
-  variant ÷ the default), taken within each round."""
+  default's speed ÷ the variant's (above 1: the default is faster), taken within each round."""
   default = next(iter(form_variants()))
   compiled, programs = {}, {}
   for name in variants:
@@ -233,12 +238,9 @@ def form_gains(path: str, variants: list[str], rounds: int, seconds: float = 6.0
       timed, compiled[name][1] = time_steps(p_step, rstate, batches, steps, warmup=1)
       speeds[name].append(steps * batch / timed)
   result = {"examples_per_sec": {name: statistics.median(v) for name, v in speeds.items()}}
-  if default in speeds:  # what each variant's forms gain, round by round
-    on_cpu = default == "all"
+  if default in speeds:  # what the default's forms gain over each variant's, round by round
     result["gain"] = {
-      name: statistics.median(
-        (d / x if on_cpu else x / d) for d, x in zip(speeds[default], v, strict=True)
-      )
+      name: statistics.median(d / x for d, x in zip(speeds[default], v, strict=True))
       for name, v in speeds.items()
       if name != default
     }

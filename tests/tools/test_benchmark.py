@@ -58,7 +58,10 @@ def test_a_bench_stopped_early_keeps_what_it_measured(tmp_path, monkeypatch, cap
   [
     (["--only=train", "--steps=0"], "--steps=0: give a number above 0"),
     (["--only=decode", "--jpegs=0"], "--jpegs=0: give a number above 0"),
-    (["--only=forms", "--variants=all,bogus"], "--variants: no variant 'bogus'; there are 'all', "),
+    (
+      ["--only=forms", "--variants=all,bogus"],
+      "--variants: no variant 'bogus'; there are 'default', ",
+    ),
     (["--only=forms", "--configs=configs/nope.py,"], "config file configs/nope.py not found"),
     (["--only=decode", "--workdir=/etc/passwd/x"], "--workdir=/etc/passwd/x is inside /etc/passwd"),
     (["--only=seeds", "--seeds=1,0"], "--seeds='1,0': give seed counts of 1 or more"),
