@@ -240,14 +240,33 @@ def labels(config: ml_collections.ConfigDict, params) -> dict:
   return result
 
 
-def frozen_mask(config: ml_collections.ConfigDict, params, groups: dict):
+def frozen_mask(config: ml_collections.ConfigDict, params, groups: dict, also=()):
   """True for each parameter a group (`groups`: group_fields) freezes for the whole run (an
-  optimizer registered with frozen=True), which the step then does not differentiate; None
-  where no group does."""
+  optimizer registered with frozen=True), or that a group named in `also` holds, which the
+  step then does not differentiate; None where no group does."""
   frozen = {n for n, g in groups.items() if OPTIMIZERS.options[g.optimizer].get("frozen")}
+  frozen |= set(also)
   if not frozen:
     return None
   return jax.tree.map(lambda label: label in frozen, labels(config, params))
+
+
+def frozen_from(config: ml_collections.ConfigDict, groups: dict, num_steps: int) -> dict:
+  """{step count: the groups whose learning rate is 0 from there to the run's end}: those that
+  train a `train_fraction` < 1 of the run's `num_steps` (their schedule is 0 after it,
+  `group_schedule`). From that step the group's update no longer depends on its gradient (the
+  optimizer scales its update by the learning rate, as every shipped one does), so the step
+  need not compute it (`frozen_mask`'s `also`): the same parameters. Without grad_clip_norm
+  only: the clipped norm would count the gradient."""
+  if config.grad_clip_norm:
+    return {}
+  ends = {}
+  for name, fields in groups.items():
+    end = max(1, round(fields.train_fraction * num_steps))
+    frozen = OPTIMIZERS.options[fields.optimizer].get("frozen")
+    if fields.train_fraction < 1 and end < num_steps and not frozen:
+      ends.setdefault(end, []).append(name)
+  return {end: tuple(names) for end, names in sorted(ends.items())}
 
 
 def _leaves(params):

@@ -56,6 +56,10 @@ class Training:
   # without a seed its keys are the config's seed's: constants of the program. Traced, a model
   # that names an axis the step lacks is a user error (steps.axis_checked).
   train_step: Callable
+  # [(step count, train_step)]: from that step on, the step that no longer differentiates the
+  # parameter groups whose learning rate stays 0 from there (optim.frozen_from): the same
+  # parameters, less work; compiled with the first, before the clock
+  later_steps: tuple
   augment: Callable  # the config's augmentation (research/augment.py build) -> float32 images
   schedules: dict  # {record field: step -> the learning rate the optimizer applies}
   num_steps: int
@@ -88,12 +92,17 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
   tx = optim.create_optimizer(config, per_epoch, num_steps, checked.groups)  # once a run
   state, warm = _first_state(config, model, inputs, checked.augment, tx, source)
   train_step, micro_batch = build_step(config, checked, inputs, state)
+  later_steps = tuple(  # once a group's learning rate stays 0, a step without its gradient
+    (at, build_step(config, checked, inputs, state, names)[0])
+    for at, names in optim.frozen_from(config, checked.groups, num_steps).items()
+  )
   return Training(
     inputs,
     seeds,
     state,
     _from_data(config, inputs, checked.eval_preprocess.first_view, seeds),
     train_step,
+    later_steps,
     checked.augment,
     optim.logged_schedules(config, per_epoch, num_steps, checked.groups),
     num_steps,
@@ -122,11 +131,12 @@ def _first_state(config, model, inputs: Inputs, augment, tx, source) -> tuple:
   return state, warmed[0][1]
 
 
-def build_step(config, checked, inputs: Inputs, state) -> tuple[Callable, int]:
+def build_step(config, checked, inputs: Inputs, state, also_frozen=()) -> tuple[Callable, int]:
   """(the run's train step for ONE device, its micro-batch): the registered step config.step
   names, given the run's pieces (steps.Run), all but (state, batch, horizon, seed) bound
   (several seeds: seeds.seeded, without a seed); traced, a model that names an axis the step
-  lacks is a user error (steps.axis_checked)."""
+  lacks is a user error (steps.axis_checked). `also_frozen`: parameter groups it does not
+  differentiate besides those frozen for the whole run (optim.frozen_from)."""
   seeds = seeds_lib.seeds_of(config)
   one = seeds_lib.unstack(state, len(seeds))[0] if len(seeds) > 1 else state  # the shapes
   micro_batch = steps.micro_batch_size(
@@ -145,7 +155,7 @@ def build_step(config, checked, inputs: Inputs, state) -> tuple[Callable, int]:
     num_classes=config.model.num_classes,
     micro_batch=micro_batch,
     loss_scale=config.batch_size if config.loss_reduction == "sum" else 1.0,
-    frozen=optim.frozen_mask(config, one.params, checked.groups),
+    frozen=optim.frozen_mask(config, one.params, checked.groups, also_frozen),
   )
   if len(seeds) > 1:
     vectorized = config.seeds_mode == "vmap"
@@ -346,7 +356,9 @@ def train_and_evaluate(
   first_batch = next(stream)
   # Compiled before anything is written: a step the devices cannot hold, or a model that names
   # an axis the step lacks (steps.axis_checked), is an error line
-  p_train_step = _compiled_step(training, rstate, first_batch, extra_times, echo, is_main)
+  p_train_step = _compiled_step(
+    training, rstate, first_batch, start_step, extra_times, echo, is_main
+  )
   # All checked: from here on we write. This launch trains steps start_step + 1 to num_steps.
   workdir_lib.prepare(workdir, config, data_identity, (start_step, num_steps))
   bar.update(start_step)
@@ -506,19 +518,23 @@ def _count_cache_hit(event: str, **_) -> None:
 jax.monitoring.register_event_listener(_count_cache_hit)
 
 
-def _compiled_step(training: Training, rstate, first_batch, times: dict, echo, is_main: bool):
+def _compiled_step(
+  training: Training, rstate, first_batch, start_step: int, times: dict, echo, is_main: bool
+):
   """The step that is run: steps.train_step for ONE device (setup binds its data gathering,
   augmentation, loss and micro-batch), on every device in parallel, compiled ahead; the
   evals too. Their compile times go into `times`; `step_from_cache`: the step was loaded from
   JAX's persistent compilation cache (an earlier launch compiled it)."""
   start, hits = time.perf_counter(), _CACHE_HITS[0]
-  step, compiled = compile_step(training, rstate, first_batch)
+  step, compiled = compile_step(training, rstate, first_batch, start_step)
   times["compile_sec"] = time.perf_counter() - start
   times["step_from_cache"] = _CACHE_HITS[0] > hits
   fit = seeds_that_fit(compiled, training.state, len(training.seeds))
   said = f"compiled the train step in {times['compile_sec']:.1f} s"
   if times["step_from_cache"]:
     said = f"loaded the train step from the compilation cache in {times['compile_sec']:.1f} s"
+  for at, _ in step.programs[1:]:  # optim.frozen_from
+    said += f" (from step {at + 1} without the gradients of groups whose learning rate is 0)"
   inputs = training.inputs
   if inputs.compile_evals:
     periodic = 0 < training.eval_every < training.num_steps
@@ -528,8 +544,7 @@ def _compiled_step(training: Training, rstate, first_batch, times: dict, echo, i
     said += f", the eval in {times['eval_compile_sec']:.1f} s"
   if training.warm_up:
     start = time.perf_counter()
-    copy = jax.tree.map(lambda x: x.copy(), rstate)  # the step donates (consumes) its state
-    jax.block_until_ready(step(copy, first_batch))
+    step.warm_up(rstate, first_batch)
     if inputs.compile_evals:
       inputs.evaluate(rstate, True)
     said += f"; ran each once to warm up in {time.perf_counter() - start:.1f} s"
@@ -540,19 +555,50 @@ def _compiled_step(training: Training, rstate, first_batch, times: dict, echo, i
   return step
 
 
-def compile_step(training: Training, rstate, first_batch):
-  """(step, its compiled program): the run's train step on every local device, compiled ahead
-  (or loaded from JAX's persistent cache); `step(state, batch)` returns (state, metrics) and
-  donates (consumes) the state passed in. What a run trains with, and what the benchmarks time.
-  The run's step count and (one seed) its seed are arguments: a resume with more steps, or a
-  run of another seed, loads the same program."""
+def compile_step(training: Training, rstate, first_batch, start_step: int = 0):
+  """(step, its first compiled program): the run's train step on every local device, compiled
+  ahead (or loaded from JAX's persistent cache); `step(state, batch)` returns (state, metrics),
+  donates (consumes) the state passed in, and runs, call after call from `start_step`, the
+  program for the step the state is at (`Training.later_steps`). What a run trains with, and
+  what the benchmarks time. The run's step count and (one seed) its seed are arguments: a
+  resume with more steps, or a run of another seed, loads the same program."""
   run = [np.int32(training.num_steps)]
   if len(training.seeds) == 1:  # several seeds: steps.seeded has each seed's keys in the program
     run.append(np.int32(training.seeds[0]))
   run = [replicate(x) for x in run]
-  p_train_step = jax.pmap(training.train_step, axis_name=AXIS, donate_argnums=(0,))
-  compiled = p_train_step.lower(rstate, first_batch, *run).compile()
-  return (lambda state, batch: compiled(state, batch, *run)), compiled
+  programs = [(0, training.train_step), *training.later_steps]
+  programs = [(at, fn) for i, (at, fn) in enumerate(programs) if _runs(programs, i, start_step)]
+  compiled = []
+  for at, train_step in programs:
+    p_train_step = jax.pmap(train_step, axis_name=AXIS, donate_argnums=(0,))
+    compiled.append((at, p_train_step.lower(rstate, first_batch, *run).compile()))
+  return CompiledStep(compiled, run, start_step), compiled[0][1]
+
+
+def _runs(programs: list, i: int, start_step: int) -> bool:
+  """Whether program `i` of [(first step count, step)] runs in a launch from `start_step`."""
+  return i + 1 == len(programs) or programs[i + 1][0] > start_step
+
+
+@dataclasses.dataclass
+class CompiledStep:
+  """`step(state, batch)`: the program for the step count `at` the state is at, the last of
+  `programs` [(first step count, compiled)] that starts at or before it; `at` then counts on."""
+
+  programs: list
+  run: list  # the arguments after (state, batch): the run's step count, its seed
+  at: int
+
+  def __call__(self, state, batch):
+    compiled = next(c for first, c in reversed(self.programs) if first <= self.at)
+    self.at += 1
+    return compiled(state, batch, *self.run)
+
+  def warm_up(self, state, batch) -> None:
+    """Each program once on a copy of `state` (the step donates its state), results dropped."""
+    for _, compiled in self.programs:
+      copy = jax.tree.map(lambda x: x.copy(), state)
+      jax.block_until_ready(compiled(copy, batch, *self.run))
 
 
 def free_device_bytes() -> int:
