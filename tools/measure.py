@@ -6,6 +6,7 @@ what (the device, the host, the package versions), when, and the numbers.
 
 import dataclasses
 import datetime
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -37,24 +38,46 @@ GPU_PEAK_TFLOPS = {
 @dataclasses.dataclass(frozen=True)
 class SpeedrunPeer:
   """A PyTorch speedrun script the report runs beside ours (tools/peer_airbench.py): never
-  part of this project, fetched apart into the checkout's root (git ignores it)."""
+  part of this project, fetched apart into the checkout's root (git ignores it) from `url`,
+  the file at a pinned revision of its repository; its record names the file that ran."""
 
   title: str  # what the tables call it
   script: str  # its file name, the default of the report's --PEER PATH
-  url: str  # where it is fetched from
+  repository: str  # on GitHub
+  revision: str  # the commit whose file is pinned
+  sha256: str  # of that file
   sleep_cycles: int = 0  # GPU cycles its __main__ sleeps before each run (torch.cuda._sleep)
+
+  @property
+  def url(self) -> str:
+    return f"https://raw.githubusercontent.com/{self.repository}/{self.revision}/{self.script}"
+
+  def identity(self, path: Path) -> dict:
+    """What ran: the pinned source and revision where `path` is that file (its checksum),
+    else the revision as unknown."""
+    sha256 = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    pinned = sha256 == self.sha256
+    return {
+      "source": f"github.com/{self.repository}/blob/{self.revision}/{self.script}",
+      "revision": self.revision if pinned else "unknown: not the pinned revision's file",
+      "sha256": sha256,
+    }
 
 
 SPEEDRUN_PEERS = {
   "airbench": SpeedrunPeer(
     "airbench94_muon",
     "airbench94_muon.py",
-    "https://raw.githubusercontent.com/KellerJordan/cifar10-airbench/master/airbench94_muon.py",
+    "KellerJordan/cifar10-airbench",
+    "096d14d9aa92dcc837ab4f1f288dffea2bbe41b7",  # 2025-03-02, the file's last change
+    "704e29251a5207d8aed8a35adf13f772ff386b90a712aaddc2a28854385b536e",
   ),
   "hiverge": SpeedrunPeer(
     "hiverge's cifar10_speedrun",
     "cifar10_speedrun.py",
-    "https://raw.githubusercontent.com/hiverge/cifar10-speedrun/main/cifar10_speedrun.py",
+    "hiverge/cifar10-speedrun",
+    "5cd49b1e586f473b535cdeee69fe8ad5b6e9618b",  # 2025-09-30, the 2.015 s record
+    "d1e1f6991cc3e1758c0bbc0e728c86a4b3119dd42a9233075b2edb9735d0ba91",
     sleep_cycles=6_000_000_000,
   ),
 }
@@ -404,7 +427,11 @@ def speedrun_peer(
     if code != 0:
       print(f"peer {m.name}: {peer.title} did not finish (exit {code}): {log_path}")
       return []
-    theirs_path.write_text(log_path.read_text().strip().splitlines()[-1])
+    theirs = json.loads(log_path.read_text().strip().splitlines()[-1])
+    theirs["script"] = peer.identity(script)  # the file that ran
+    if theirs["script"]["revision"] != peer.revision:
+      print(f"peer {m.name}: {script} is not the file at {peer.url}: its record says so")
+    theirs_path.write_text(json.dumps(theirs))
   theirs = json.loads(theirs_path.read_text())
   ours = []
   for seed in range(m.steps):
@@ -435,6 +462,7 @@ def speedrun_peer(
     "peer_test_accuracy": [r["tta_accuracy"] for r in theirs["runs"]],
     "peer_test_accuracy_first_view": [r["accuracy"] for r in theirs["runs"]],
     "peer_warmup_sec": theirs["warmup_sec"],
+    "peer_script": theirs.get("script"),  # its source, revision and checksum
   }
   numbers["ratio"] = statistics.mean(numbers["span_sec"]) / statistics.mean(
     numbers["peer_time_sec"]

@@ -194,8 +194,18 @@ def _speedrun_peer_row(r: dict) -> list:
     f"{_seconds(n['peer_time_sec'])}; ours ÷ theirs {n['ratio']:.2f}",
     "",
     f"{hardware(r)}, {r['date']}",
-    f"`{r['command']}`",
+    f"`{r['command']}`; {peer}: {_peer_script(n)}",
   ]
+
+
+def _peer_script(numbers: dict) -> str:
+  """The peer script that ran: its source at the pinned revision, or what is known of it."""
+  script = numbers.get("peer_script")
+  if not script:
+    return "its revision not recorded"
+  if script["revision"].startswith("unknown"):
+    return f"not the pinned file (sha256 {script['sha256'][:12]}…)"
+  return f"{script['source']} (sha256 {script['sha256'][:12]}…)"
 
 
 def _speedrun_peer_summary(r: dict) -> list:

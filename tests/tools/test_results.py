@@ -1,5 +1,7 @@
 """The report measures on a CPU host too, and every table of results is its records rendered."""
 
+import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -166,6 +168,26 @@ def test_the_speedrun_against_airbench_takes_the_place_of_its_not_measured_row(t
     "1× NVIDIA H100, "
   ) in table
   assert "`./launch.sh report --only peer:cifar_speedrun-airbench --airbench " in table
+  assert "airbench94_muon: its revision not recorded |" in table  # a record made before
+
+
+def test_a_peer_record_names_the_script_that_ran_its_source_revision_and_checksum(tmp_path):
+  script = tmp_path / "cifar10_speedrun.py"
+  script.write_text("print('an edited copy')\n")
+  peer = measure.SPEEDRUN_PEERS["hiverge"]
+  sha256 = hashlib.sha256(script.read_bytes()).hexdigest()
+  edited = peer.identity(script)
+  assert edited["revision"].startswith("unknown") and edited["sha256"] == sha256
+  pinned = dataclasses.replace(peer, sha256=sha256).identity(script)  # as if it were the file
+  assert pinned == {
+    "source": f"github.com/hiverge/cifar10-speedrun/blob/{peer.revision}/cifar10_speedrun.py",
+    "revision": peer.revision,
+    "sha256": sha256,
+  }
+  assert peer.url.endswith(f"/hiverge/cifar10-speedrun/{peer.revision}/cifar10_speedrun.py")
+  cell = lambda script: results._peer_script({"peer_script": script})
+  assert cell(pinned) == f"{pinned['source']} (sha256 {sha256[:12]}…)"
+  assert cell(edited) == f"not the pinned file (sha256 {sha256[:12]}…)"
 
 
 def _report(tmp_path, *args, program=("-m", "tools.report")):
