@@ -62,10 +62,13 @@ class Context(NamedTuple):
 
 
 class Views(NamedTuple):
-  """A views op: `fn(image) -> [V, H, W, C]`, and the weight of each view's logits."""
+  """A views op: `fn(image) -> [V, H, W, C]`, and the weight of each view's logits; with
+  `uncertain` < 1, the views beyond the first only for that share of each eval batch, the
+  examples the first view is least confident of (the others keep its logits)."""
 
   fn: Callable[[jax.Array], jax.Array]
   weights: tuple[float, ...]
+  uncertain: float = 1.0
 
 
 def register(
@@ -172,10 +175,17 @@ NORMALIZE = {  # per-channel (mean, std) of the training images, RGB in [0, 1]
 
 
 @register("tta", views=True)
-def tta(translate: int = 1) -> Views:
+def tta(translate: int = 1, uncertain: float = 1.0, weighting: str = "airbench") -> Views:
   """airbench's test-time augmentation: the image and its mirror (weights 1/4 each), and both
   again translated by `translate` pixels up-left and down-right with reflected edges (1/8
-  each). The first view is the image itself."""
+  each); `weighting` "mean": the six views weigh 1/6 each (hiverge's). The first view is the
+  image itself. `uncertain` < 1: the other views only for that share of each eval batch, the
+  examples least confident by the first view (hiverge's 0.25; Views)."""
+  if weighting not in ("airbench", "mean") or not 0 < uncertain <= 1:
+    raise UserError(
+      f"tta({translate}, {uncertain}, {weighting!r}): uncertain is a share in (0, 1] and "
+      "weighting 'airbench' or 'mean'"
+    )
 
   def fn(image):
     h, w, _ = image.shape
@@ -185,7 +195,21 @@ def tta(translate: int = 1) -> Views:
     views = [image, image[:, ::-1]] + [v for s in shifted for v in (s, s[:, ::-1])]
     return jnp.stack(views)
 
-  return Views(fn, (0.25, 0.25, 0.125, 0.125, 0.125, 0.125))
+  weights = (0.25, 0.25, 0.125, 0.125, 0.125, 0.125) if weighting == "airbench" else (1 / 6,) * 6
+  return Views(fn, weights, uncertain)
+
+
+@register("color_jitter")
+def color_jitter(brightness: float, contrast: float) -> Op:
+  """hiverge's jitter: adds one uniform offset in ±`brightness`, then multiplies by one uniform
+  factor in 1 ± `contrast`, on the values as the ops before it left them (after `normalize`:
+  about the dataset's mean), unclipped."""
+
+  def op(rng, image):
+    shift, scale = jax.random.uniform(rng, (2,), minval=-1.0, maxval=1.0)
+    return (image + shift * brightness) * (1 + scale * contrast)
+
+  return op
 
 
 @register("brightness")
@@ -626,6 +650,7 @@ def build(spec: str, seed: int = 0) -> Callable[..., jax.Array]:
     augment.windowed = windowed  # whether it may be given padded images with their sizes
     augment.values = values  # its value ops with every argument: "scale(-1.0, 1.0)" or "none"
     augment.weights = views.op.weights if views and all_views else None
+    augment.uncertain = views.op.uncertain if views and all_views else 1.0
     augment.mixes = bool(batch_ops)  # it mixes examples and targets: for training only
     return augment
 

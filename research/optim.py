@@ -14,6 +14,7 @@ to all its parameters.
 """
 
 import re
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +28,8 @@ from research.registry import Registry
 
 DEFAULT = "default"  # the label of parameters no group matches
 # register(name, decays_weights=True: it applies `weight_decay` itself; groups_only=True: for
-# param_groups alone; frozen=True: it never updates, so the step does not differentiate) on
+# param_groups alone; frozen=True: it never updates, so the step does not differentiate;
+# steps=True: it is also given `steps=`, the run's step count, an int or traced) on
 # `make(learning_rate, fields) -> optax.GradientTransformation`, where `learning_rate` is the
 # schedule and `fields` the group's config fields (the config's own for parameters no group
 # takes): a fork's optimizer reads its fields there, set in its config.
@@ -130,30 +132,51 @@ def _cast_updates(dtype) -> optax.GradientTransformation:
   )
 
 
-def renormalize_weights() -> optax.GradientTransformation:
+class Renormalized(NamedTuple):
+  count: jax.Array  # int32: updates so far
+  last: jax.Array  # int32: the update that last renormalised
+
+
+def renormalize_weights(every=(), steps=None) -> optax.GradientTransformation:
   """Adds to the update what first rescales each parameter to norm sqrt(its last dimension):
-  p + update becomes p · sqrt(out) / |p| + update."""
+  p + update becomes p · sqrt(out) / |p| + update. `every` (first, growth): only at update
+  `count` (1, 2, ...) where count - the last renormalising update >= first + int(growth ·
+  count / steps), `steps` the run's (hiverge's Muon: (2, 15)); (): at every update."""
+
+  def rescaled(update, p, due=True):
+    return update + jnp.where(due, p * (jnp.sqrt(p.shape[-1]) / jnp.linalg.norm(p) - 1), 0)
+
+  if not every:
+    return optax.GradientTransformation(
+      lambda params: optax.EmptyState(),
+      lambda updates, state, params: (jax.tree.map(rescaled, updates, params), state),
+    )
+  first, growth = every
 
   def update_fn(updates, state, params):
-    def one(update, p):
-      return update + p * (jnp.sqrt(p.shape[-1]) / jnp.linalg.norm(p) - 1)
+    count = state.count + 1
+    period = first + jnp.floor(growth * count / steps).astype(jnp.int32)
+    due = count - state.last >= period
+    updates = jax.tree.map(lambda u, p: rescaled(u, p, due), updates, params)
+    return updates, Renormalized(count, jnp.where(due, count, state.last))
 
-    return jax.tree.map(one, updates, params), state
+  zero = lambda params: Renormalized(jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+  return optax.GradientTransformation(zero, update_fn)
 
-  return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
 
-
-@register("muon", decays_weights=True, groups_only=True)
-def muon(learning_rate, fields) -> optax.GradientTransformation:
-  """Momentum orthogonalised by Newton-Schulz per kernel, weight decay decoupled (as
-  optax.contrib.muon), kernels renormalised where `normalize_weights` (airbench's Muon).
-  `muon_dtype` "bfloat16": the gradients, the momentum and Newton-Schulz in bfloat16, as
-  airbench and hiverge keep theirs in 16 bits (the momentum state then is bfloat16 too);
-  "model" (group_fields): the model's compute dtype."""
+@register("muon", decays_weights=True, groups_only=True, steps=True)
+def muon(learning_rate, fields, steps) -> optax.GradientTransformation:
+  """Momentum orthogonalised by Newton-Schulz (`ns_steps` of `ns_coeffs`) per kernel, weight
+  decay decoupled (as optax.contrib.muon), kernels renormalised where `normalize_weights`
+  (airbench's Muon), every update or as `normalize_every` says (renormalize_weights; `steps`:
+  the run's). `muon_dtype` "bfloat16": the gradients, the momentum and Newton-Schulz in
+  bfloat16, as airbench and hiverge keep theirs in 16 bits (the momentum state then is
+  bfloat16 too); "model" (group_fields): the model's compute dtype."""
   low = jnp.dtype(fields.muon_dtype)
   chain = [] if low == jnp.float32 else [_cast_updates(low)]  # float32: the state as before
   chain.append(
     scale_by_muon(
+      ns_coeffs=tuple(fields.ns_coeffs),
       ns_steps=fields.ns_steps,
       beta=fields.momentum,
       nesterov=fields.nesterov,
@@ -165,7 +188,7 @@ def muon(learning_rate, fields) -> optax.GradientTransformation:
     chain.append(optax.add_decayed_weights(fields.weight_decay))
   chain.append(optax.scale_by_learning_rate(learning_rate))
   if fields.normalize_weights:
-    chain.append(renormalize_weights())
+    chain.append(renormalize_weights(tuple(fields.normalize_every), steps))
   return optax.chain(*chain)
 
 
@@ -176,16 +199,21 @@ def frozen(learning_rate, fields) -> optax.GradientTransformation:
   return optax.set_to_zero()
 
 
-def _transforms(fields, schedule, mask=None) -> list[optax.GradientTransformation]:
-  """The optimizer `fields.optimizer` names, after `fields.weight_decay` (L2, added to the
-  gradient; on `mask`'s parameters) unless it decays weights itself."""
-  transforms = [OPTIMIZERS.get(fields.optimizer)(schedule, fields)]
+def _transforms(fields, schedule, steps, mask=None) -> list[optax.GradientTransformation]:
+  """The optimizer `fields.optimizer` names (given the run's `steps` where registered with
+  steps=True), after `fields.weight_decay` (L2, added to the gradient; on `mask`'s
+  parameters) unless it decays weights itself."""
+  make = OPTIMIZERS.get(fields.optimizer)
+  takes_steps = OPTIMIZERS.options[fields.optimizer].get("steps")
+  transforms = [make(schedule, fields, steps=steps) if takes_steps else make(schedule, fields)]
   if fields.weight_decay and not OPTIMIZERS.options[fields.optimizer].get("decays_weights"):
     transforms.insert(0, optax.add_decayed_weights(fields.weight_decay, mask=mask))
   return transforms
 
 
-GROUP_FIELDS = ("train_fraction", "ns_steps", "normalize_weights", "muon_dtype")  # a group's own
+GROUP_FIELDS = (  # a group's own
+  "train_fraction", "ns_steps", "ns_coeffs", "normalize_weights", "normalize_every", "muon_dtype",
+)  # fmt: skip
 
 
 def group_fields(config: ml_collections.ConfigDict) -> dict:
@@ -195,7 +223,9 @@ def group_fields(config: ml_collections.ConfigDict) -> dict:
     scalars,  # any optimizer's fields, a fork's too
     train_fraction=1.0,
     ns_steps=5,
+    ns_coeffs=(3.4445, -4.7750, 2.0315),  # optax's (Newton-Schulz's quintic)
     normalize_weights=False,
+    normalize_every=(),  # (): at every update (renormalize_weights)
     muon_dtype="float32",
     learning_rate=0.0,  # 0: the config's (scaled to the batch)
   )
@@ -300,12 +330,14 @@ def _transformation(config, steps_per_epoch: int, num_steps, groups: dict):
   chain = []
   if config.grad_clip_norm:
     chain.append(optax.clip_by_global_norm(config.grad_clip_norm))
-  default = _transforms(config, schedule, mask=_kernels_only)
+  default = _transforms(config, schedule, num_steps, mask=_kernels_only)
   if not config.param_groups:
     return optax.chain(*chain, *default)
   transforms = {DEFAULT: optax.chain(*default)}
   for name, fields in groups.items():  # each group's schedule, 0 once its share is over
-    group = _transforms(fields, group_schedule(config, fields, steps_per_epoch, num_steps))
+    group = _transforms(
+      fields, group_schedule(config, fields, steps_per_epoch, num_steps), num_steps
+    )
     # Chained as before the registry, so the optimizer state keeps its layout and earlier
     # runs' checkpoints restore: muon and frozen alone, the others in a chain.
     decays_itself = OPTIMIZERS.options[fields.optimizer].get("decays_weights")

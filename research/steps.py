@@ -306,8 +306,18 @@ def eval_logits(state, images_u8, sizes=None, *, preprocess):
   if not preprocess.weights:
     logits = apply(images)
     return logits, logits
-  per_view = lax.map(apply, images)  # images: [views, batch, H, W, C], one view after another
-  return jnp.tensordot(jnp.array(preprocess.weights), per_view, 1), per_view[0]
+  weights = jnp.array(preprocess.weights)
+  if preprocess.uncertain == 1:
+    per_view = lax.map(apply, images)  # images: [views, batch, H, W, C], one view after another
+    return jnp.tensordot(weights, per_view, 1), per_view[0]
+  # The other views for the `uncertain` share least confident by the first: static shapes,
+  # their logits scattered back over the first view's.
+  first = apply(images[0])
+  k = max(1, int(preprocess.uncertain * first.shape[0]))
+  _, chosen = lax.top_k(-jax.nn.softmax(first).max(-1), k)
+  others = lax.map(apply, images[1:, chosen])  # [views - 1, k, classes]
+  mixed = weights[0] * first[chosen] + jnp.tensordot(weights[1:], others, 1)
+  return first.at[chosen].set(mixed), first
 
 
 def eval_sums(state, images_u8, labels, mask, sizes=None, *, preprocess, metrics=()):

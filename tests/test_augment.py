@@ -152,3 +152,17 @@ def test_cutmix_takes_a_box_from_the_neighbour_and_its_label_by_the_box_s_share(
 def test_a_misplaced_or_bad_batch_op_is_a_user_error(spec, message):
   with pytest.raises(UserError, match=message):
     augment.build(spec)
+
+
+def test_colour_jitter_shifts_then_scales_each_example_within_its_ranges():
+  """hiverge's jitter on normalized values: (x + b)·c, one b in ±0.14 and one c in 1 ± 0.13 per
+  example, unclipped."""
+  images = np.zeros((64, 4, 4, 3), np.uint8)
+  images[:, 0, 0] = 255  # one bright pixel: two values give each example's b and c
+  out = np.asarray(jax.jit(augment.build("color_jitter(0.14, 0.13)"))(jax.random.key(0), images))
+  bc = out[:, 1, 1, 0]  # (0 + b)·c
+  c = out[:, 0, 0, 0] - bc  # (1 + b)·c - b·c
+  assert np.all(np.abs(c - 1) <= 0.13 + 1e-6) and np.all(np.abs(bc / c) <= 0.14 + 1e-6)
+  assert np.std(c) > 0.05 and np.std(bc / c) > 0.05  # drawn per example
+  dark = np.broadcast_to(bc[:, None, None, None], out[:, 1:].shape)  # every other pixel
+  np.testing.assert_allclose(out[:, 1:], dark, rtol=1e-6)

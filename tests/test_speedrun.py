@@ -371,3 +371,35 @@ def test_once_the_whitening_bias_stops_training_the_step_no_longer_differentiate
   params = [jax.tree.leaves(first_replica(s.params)) for s in (a, b)]  # its momentum decays
   for x, y in zip(*params, strict=True):
     np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+
+
+def test_hiverge_s_muon_renormalises_every_2_plus_15_progress_updates():
+  """Muon.step() of hiverge's script: at update n of a run of 30, the period is 2 + int(15 ·
+  n / 30) and the kernels are rescaled where n - the last rescaling update >= it: at updates 3,
+  9 and 21; between them the (zero) updates leave the kernel as it is."""
+  kernel = {"k": jnp.full((3, 3, 4, 2), 2.0)}  # norm 12, rescaled to sqrt(2)
+  tx = optim.renormalize_weights((2, 15), steps=30)
+  state, rescaled_at = tx.init(kernel), []
+  for n in range(1, 31):
+    updates, state = jax.jit(tx.update)(jax.tree.map(jnp.zeros_like, kernel), state, kernel)
+    if float(jnp.abs(updates["k"]).max()) > 0:
+      rescaled_at.append(n)
+  assert rescaled_at == [3, 9, 21]
+  every = optim.renormalize_weights()  # airbench's: at every update
+  updates, _ = every.update(jax.tree.map(jnp.zeros_like, kernel), every.init(kernel), kernel)
+  np.testing.assert_allclose(jnp.linalg.norm(kernel["k"] + updates["k"]), np.sqrt(2), rtol=1e-6)
+
+
+def test_the_hiverge_variant_s_smoke_trains_with_its_muon_jitter_and_partial_tta(tmp_path):
+  """`:hiverge,smoke`: SiLU, its BatchNorm momentum, the colour jitter, Muon with its
+  Newton-Schulz coefficients and renormalisation period, the whitening bias for 7/243 of the
+  run, TTA on the least confident quarter: it trains, learns, and evaluates with its views."""
+  config = configuration.load("configs/cifar_speedrun.py:hiverge,smoke")
+  assert config.model.activation == "silu" and config.batch_size == 128
+  final = train_and_evaluate(config, str(tmp_path / "run"))
+  records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+  losses = [r["loss"] for r in records if "loss" in r]
+  assert losses[-1] < losses[0]
+  assert final["eval_accuracy"] > 0.5 and "eval_accuracy_first_view" in final  # 10 classes
+  whiten = [r["learning_rate/whiten_bias"] for r in records if "loss" in r]
+  assert whiten[0] > 0 and whiten[1:] == [0.0] * (len(whiten) - 1)  # round(16 · 7/243) = 1 step

@@ -6,12 +6,14 @@ A 2×2 patch-whitening convolution whose filters come from the training images
 (conv, 2×2 max-pool, BatchNorm, GELU, conv, BatchNorm, GELU) → 3×3 max-pool → a bias-free
 linear head whose logits are divided by its width. Convolution kernels start as identities on
 their first `in` filters (Dirac), the rest as PyTorch initialises them; BatchNorm has no scale
-(it stays 1), eps 1e-12, and its running averages keep 0.6 of themselves at each step.
+(it stays 1), eps 1e-12, and its running averages keep 0.6 of themselves at each step
+(`norm_momentum`); `activation` "silu" puts SiLU in the conv groups (hiverge's recipe).
 
 model_config fields: num_classes; widths (the three groups' channels); whiten_eps (added to
 the patch covariance's eigenvalues); init_examples (from how many training images, a random
 sample, the whitening is computed); dtype ('float32' | 'bfloat16' compute: parameters and
-BatchNorm statistics stay float32, logits are float32).
+BatchNorm statistics stay float32, logits are float32); activation, norm_momentum (runs
+recorded before them: 'gelu', 0.6).
 """
 
 import functools
@@ -50,19 +52,24 @@ def unit_std_init(key, shape, dtype=jnp.float32):
   return jax.random.uniform(key, shape, dtype, -np.sqrt(3), np.sqrt(3))
 
 
+ACTIVATIONS = {"gelu": functools.partial(nn.gelu, approximate=False), "silu": nn.silu}
+
+
 class ConvGroup(nn.Module):
   features: int
   norm: functools.partial
   dtype: jnp.dtype
+  activation: str = "gelu"
 
   @nn.compact
   def __call__(self, x):
     conv = functools.partial(
       nn.Conv, self.features, (3, 3), use_bias=False, kernel_init=dirac_init, dtype=self.dtype
     )
+    act = ACTIVATIONS[self.activation]
     x = max_pool(conv(name="conv1")(x), 2)
-    x = nn.gelu(self.norm(name="norm1")(x), approximate=False)
-    return nn.gelu(self.norm(name="norm2")(conv(name="conv2")(x)), approximate=False)
+    x = act(self.norm(name="norm1")(x))
+    return act(self.norm(name="norm2")(conv(name="conv2")(x)))
 
 
 class SpeedrunNet(nn.Module):
@@ -70,13 +77,15 @@ class SpeedrunNet(nn.Module):
   widths: tuple
   axis_name: str | None = None
   dtype: jnp.dtype = jnp.float32
+  activation: str = "gelu"  # the conv groups' (ACTIVATIONS); after the whitening, GELU
+  norm_momentum: float = 0.6  # what BatchNorm's running averages keep of themselves a step
 
   @nn.compact
   def __call__(self, x, train: bool):
     norm = functools.partial(
       nn.BatchNorm,
       use_running_average=not train,
-      momentum=0.6,
+      momentum=self.norm_momentum,
       epsilon=1e-12,
       use_scale=False,
       axis_name=self.axis_name,  # statistics over the global batch
@@ -94,7 +103,7 @@ class SpeedrunNet(nn.Module):
     )
     x = nn.gelu(whiten(x.astype(self.dtype)), approximate=False)  # [batch, 31, 31, 24]
     for i, width in enumerate(self.widths):  # 31 → 15 → 7 → 3 pixels
-      x = ConvGroup(width, norm, self.dtype, name=f"group{i + 1}")(x)
+      x = ConvGroup(width, norm, self.dtype, self.activation, name=f"group{i + 1}")(x)
     x = max_pool(x, 3).reshape(x.shape[0], -1)  # [batch, widths[-1]]
     head = nn.Dense(
       self.num_classes, use_bias=False, kernel_init=unit_std_init, dtype=self.dtype, name="head"
@@ -144,4 +153,6 @@ def create(model_config: ml_collections.ConfigDict, axis_name: str | None) -> nn
     widths=tuple(model_config.widths),
     axis_name=axis_name,
     dtype=jnp.dtype(model_config.dtype),
+    activation=model_config.get("activation", "gelu"),
+    norm_momentum=model_config.get("norm_momentum", 0.6),
   )
