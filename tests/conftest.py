@@ -147,3 +147,13 @@ def nan_after_step(monkeypatch):
     monkeypatch.setattr(train, "_compiled_step", compiled_step)
 
   return arm
+
+
+@pytest.fixture
+def guide_module(tmp_path):
+  """docs/extending.md's file PATH imported as a module (tests/guide.py), its parts registered
+  for the test alone."""
+  from tests import guide
+
+  with guide.registered():
+    yield lambda path: guide.module(path, tmp_path)

@@ -1,6 +1,7 @@
 """docs/extending.md's fork package, as the tests read it: each code block preceded by a line
 naming its file."""
 
+import contextlib
 import importlib.util
 import re
 import sys
@@ -24,3 +25,26 @@ def module(path: str, directory: Path):
   sys.modules[spec.name] = loaded  # as an import leaves it: the library looks parts' modules up
   spec.loader.exec_module(loaded)
   return loaded
+
+
+@contextlib.contextmanager
+def registered():
+  """Parts registered inside the block (the guide's modules) are unregistered after it, so
+  that a test elsewhere in the process sees only the library's own names."""
+  from research import augment
+  from research.registry import Registry
+
+  modules = [m for name, m in list(sys.modules.items()) if name.startswith("research")]
+  registries = {id(r): r for m in modules for r in vars(m).values() if isinstance(r, Registry)}
+  saved = [(r, dict(r.parts), dict(r.options)) for r in registries.values()]
+  flags = [(s, set(s)) for s in vars(augment).values() if isinstance(s, set)]
+  try:
+    yield
+  finally:
+    for registry, parts, options in saved:
+      registry.parts.clear()
+      registry.parts.update(parts)
+      registry.options.clear()
+      registry.options.update(options)
+    for names, before in flags:
+      names.intersection_update(before)

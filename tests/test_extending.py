@@ -109,8 +109,8 @@ class _Linear(nn.Module):
 # The pmapped step and the reference below differ in the order of float32 sums only (the
 # gradient of 16 examples' mean over 2 devices, then its norm): a few units of 6e-8 relative,
 # amplified by nothing (one SGD step at lr 1 moves each weight by its gradient, of size 1e-2).
-def test_the_guide_s_sam_step_applies_the_gradient_at_the_perturbed_weights(tmp_path):
-  parts = guide.module("myexp/parts.py", tmp_path)
+def test_the_guide_s_sam_step_applies_the_gradient_at_the_perturbed_weights(guide_module):
+  parts = guide_module("myexp/parts.py")
   assert steps.STEPS.get("sam") is parts.sam
   rng = np.random.default_rng(0)
   images_u8, labels = rng.integers(0, 256, (16, 4, 4, 3), np.uint8), rng.integers(0, 10, 16)
@@ -164,8 +164,10 @@ models.register("test_linear")(lambda model_config, axis_name: _Linear())
 # Each parameter after the update is rounded to a unit (6e-8) of itself, and so is its
 # difference from before: the moved norm is off by at most 2·6e-8·|params| = 1e-6 here, against
 # moves of lr·|g| >= 3e-3 once the warm-up's first step (lr 0, moved exactly 0) is past.
-def test_the_logged_learning_rate_is_the_one_applied_under_the_guide_s_schedule(tmp_path):
-  guide.module("myexp/parts.py", tmp_path)  # registers warmup_cosine
+def test_the_logged_learning_rate_is_the_one_applied_under_the_guide_s_schedule(
+  tmp_path, guide_module
+):
+  guide_module("myexp/parts.py")  # registers warmup_cosine
   config = configuration.load("configs/cifar_keras_cnn.py:smoke")
   config.model.name, config.step = "test_linear", "test_applied_learning_rate"
   config.update(synthetic_train_size=64, synthetic_test_size=16, synthetic_image_size=4)

@@ -11,7 +11,6 @@ from PIL import Image
 from research import checkpoint, configuration, data, models, trained
 from research.errors import UserError
 from research.train import setup, train_and_evaluate
-from tests import guide
 
 
 class _Plain(nn.Module):
@@ -80,11 +79,11 @@ def test_a_model_without_train_trains_evaluates_and_predicts_as_written(model, t
 
 
 def test_the_guide_s_nnx_cnn_trains_on_one_channel_images_evaluates_predicts_and_checkpoints(
-  tmp_path,
+  tmp_path, guide_module
 ):
   for part in ("spots", "parts"):  # the NNX CNN and the spots dataset; the loss, Lion, ...
-    guide.module(f"myexp/{part}.py", tmp_path)
-  config = guide.module("myexp/config.py", tmp_path).get_config("spots")
+    guide_module(f"myexp/{part}.py")
+  config = guide_module("myexp/config.py").get_config("spots")
   config.modules = ()  # myexp is no package here: its parts are registered above
   final = train_and_evaluate(config, str(tmp_path / "run"))
   assert final["eval_examples"] == 64 and final["eval_accuracy"] > 0.5  # 10 classes

@@ -95,11 +95,17 @@ def plan(scale: str, cores: int) -> list[Measurement]:
     streamed = (("model.dtype", "bfloat16"), ("data_workers", cores), ("model.num_classes", 10))
     m.append(Measurement("streamed", "inception_v3", "Inception-v3", inception, streamed, steps=60))
     bf16 = (("model.dtype", "bfloat16"),)
-    for peer, script in measure.SPEEDRUN_PEERS.items():
-      label = f"Speedrun (8 epochs) against {script.title}"
-      m.append(Measurement("peer", f"cifar_speedrun-{peer}", label, speedrun, bf16, 3, peer=peer))
+    recipes = (  # ours, and hiverge's recipe as our variant
+      ("cifar_speedrun", "Speedrun (8 epochs)", speedrun),
+      ("cifar_speedrun_hiverge", "Speedrun, hiverge's recipe (243 steps)", f"{speedrun}:hiverge"),
+    )
+    for stem, title, config in recipes:
+      for peer, script in measure.SPEEDRUN_PEERS.items():
+        label = f"{title} against {script.title}"
+        m.append(Measurement("peer", f"{stem}-{peer}", label, config, bf16, 3, peer=peer))
     m += _dtypes("main", "cifar_vgg", "VGG-16 (200 epochs)", vgg)
-    m += _seeds("cifar_speedrun-bfloat16", "Speedrun (8 epochs)", speedrun, 10, "bfloat16")
+    for stem, title, config in recipes:
+      m += _seeds(f"{stem}-bfloat16", title, config, 10, "bfloat16")
     for seeds in (4, 8):  # the seeds 0 to N - 1 in one program (docs/seeds.md), each mode
       for mode, how in (("unroll", ""), ("vmap", ", batched (vmap)")):
         m.append(
