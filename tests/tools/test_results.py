@@ -134,7 +134,7 @@ def test_seeds_in_one_program_are_a_row_with_their_mean_spread_and_time_a_seed(t
 
 
 def test_the_speedrun_against_airbench_takes_the_place_of_its_not_measured_row(tmp_path):
-  (m,) = [m for m in report.plan("gpu", 16) if m.peer == "airbench"]
+  (m,) = [m for m in report.plan("gpu", 16) if m.name == "cifar_speedrun-airbench"]
   device = {
     "kind": "NVIDIA H100",
     "count": 1,
