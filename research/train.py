@@ -429,6 +429,7 @@ class Loop:
       if progress.due(step, clock):
         progress.write(step, in_flight, clock)
         in_flight = []
+        self.profiler.note(step, "a log line")
       self.profiler.after(step, rstate)
       if self.preemption.stop_after(step):  # agreed by all processes: all save this step
         if in_flight:  # the steps since the last record are recorded first
@@ -437,7 +438,9 @@ class Loop:
         self.checkpoints.save(step, state)
         raise Preempted(step, self.preemption.interrupted)
       if step < num_steps:
-        _periodic(step, rstate, self.training, self.log, clock, self.checkpoints, self.echo)
+        done = _periodic(step, rstate, self.training, self.log, clock, self.checkpoints, self.echo)
+        for what in done:
+          self.profiler.note(step, what)
     return rstate
 
   def finish(self, rstate, start_step: int, times: dict) -> dict:
@@ -654,12 +657,12 @@ def evaluate(training: Training, rstate, step: int, log, clock, all_views=True, 
   return record
 
 
-def _periodic(step: int, rstate, training: Training, log, clock, checkpoints, echo) -> None:
-  """The periodic eval and checkpoint after `step`, off the training clock."""
+def _periodic(step: int, rstate, training: Training, log, clock, checkpoints, echo) -> tuple:
+  """The periodic eval and checkpoint after `step`, off the training clock; what it did."""
   eval_due = training.eval_every and step % training.eval_every == 0
   save_due = checkpoints.due(step)
   if not (eval_due or save_due):
-    return
+    return ()
   jax.block_until_ready(rstate)  # dispatched steps finish on the training clock
   with clock.pause():
     if eval_due:
@@ -671,6 +674,7 @@ def _periodic(step: int, rstate, training: Training, log, clock, checkpoints, ec
         f"checkpoint at step {step}: training paused {time.perf_counter() - start:.3f} s "
         "(device→host copy; the write goes on in the background)"
       )
+  return ("an eval",) * bool(eval_due) + ("a checkpoint",) * bool(save_due)
 
 
 def _close(inputs: Inputs, is_main: bool, log, checkpoints, bar, stream) -> None:
@@ -853,11 +857,16 @@ def check_profile_end(config, num_steps: int) -> None:
 
 
 class Profiler:
-  """A jax.profiler trace of the steps in `profile_steps` (start, stop) into WORKDIR/profile."""
+  """A jax.profiler trace of the steps in `profile_steps` (start, stop) into WORKDIR/profile.
+  Its closing line names what else the window held (a log line's fetch, an eval, a
+  checkpoint), which a profile of steady steps lacks; `python -m tools.profile_summary`
+  sums the trace by kind of op."""
 
   def __init__(self, config, workdir: Path, resume_step: int, echo):
     self.window = tuple(config.profile_steps)
     self.directory, self.echo = Path(workdir) / "profile", echo
+    self.held = []  # what the window held besides steps: "a log line at step 12", ...
+    self.active = False  # the trace records
     if self.window and self.window[0] <= resume_step:  # checked before the workdir is written
       length = self.window[1] - self.window[0]
       what = "lies wholly before" if self.window[1] <= resume_step else "starts at or before"
@@ -870,9 +879,18 @@ class Profiler:
   def before(self, step: int) -> None:
     if self.window and step == self.window[0]:
       jax.profiler.start_trace(str(self.directory))
+      self.active = True
+
+  def note(self, step: int, what: str) -> None:
+    """`what` happened after `step`: while the trace records, not a steady step's work."""
+    if self.active:
+      self.held.append(f"{what} at step {step}")
 
   def after(self, step: int, rstate) -> None:
     if self.window and step == self.window[1]:
       jax.block_until_ready(rstate)
       jax.profiler.stop_trace()
-      self.echo(f"wrote a profile of steps {self.window[0]}-{self.window[1]} to {self.directory}")
+      self.active = False
+      first, last = self.window
+      held = f"; it holds {', '.join(self.held)}" if self.held else ": steady steps only"
+      self.echo(f"wrote a profile of steps {first}-{last} to {self.directory}{held}")
