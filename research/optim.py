@@ -164,9 +164,39 @@ def renormalize_weights(every=(), steps=None) -> optax.GradientTransformation:
   return optax.GradientTransformation(zero, update_fn)
 
 
+def newton_schulz_stacked(ns_coeffs, ns_steps: int) -> optax.GradientTransformation:
+  """Newton-Schulz's `ns_steps` iterations (X ← aX + (bA + cA²)X, A = XXᵀ) on every kernel at
+  once, as hiverge's Muon runs them: each kernel [..., out] as the matrix [prod(...), out]
+  (transposed to have no more rows than columns), zero-padded to the largest and stacked into
+  one [kernels, rows, columns] array; the zeros stay zero, so each comes out as its own
+  iterations give it (to float rounding). Its input is normalised already (scale_by_muon with
+  no iterations)."""
+  a, b, c = ns_coeffs
+
+  def update_fn(updates, state, params=None):
+    leaves, tree = jax.tree.flatten(updates)
+    matrices = [x.reshape(-1, x.shape[-1]) for x in leaves]
+    flipped = [m.shape[0] > m.shape[1] for m in matrices]
+    matrices = [m.T if f else m for m, f in zip(matrices, flipped, strict=True)]
+    rows, cols = max(m.shape[0] for m in matrices), max(m.shape[1] for m in matrices)
+    pad = lambda m: jnp.pad(m, ((0, rows - m.shape[0]), (0, cols - m.shape[1])))
+    x = jnp.stack([pad(m) for m in matrices])  # [kernels, rows, cols]
+    for _ in range(ns_steps):
+      a_ = x @ x.transpose(0, 2, 1)
+      x = a * x + (b * a_ + c * a_ @ a_) @ x
+    out = [x[i, : m.shape[0], : m.shape[1]] for i, m in enumerate(matrices)]
+    out = [
+      (o.T if f else o).reshape(leaf.shape) for o, f, leaf in zip(out, flipped, leaves, strict=True)
+    ]
+    return jax.tree.unflatten(tree, out), state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
+
+
 @register("muon", decays_weights=True, groups_only=True, steps=True)
 def muon(learning_rate, fields, steps) -> optax.GradientTransformation:
-  """Momentum orthogonalised by Newton-Schulz (`ns_steps` of `ns_coeffs`) per kernel, weight
+  """Momentum orthogonalised by Newton-Schulz (`ns_steps` of `ns_coeffs`) per kernel, or on
+  all kernels stacked where `ns_stacked` (newton_schulz_stacked), weight
   decay decoupled (as optax.contrib.muon), kernels renormalised where `normalize_weights`
   (airbench's Muon), every update or as `normalize_every` says (renormalize_weights; `steps`:
   the run's). `muon_dtype` "bfloat16": the gradients, the momentum and Newton-Schulz in
@@ -177,13 +207,15 @@ def muon(learning_rate, fields, steps) -> optax.GradientTransformation:
   chain.append(
     scale_by_muon(
       ns_coeffs=tuple(fields.ns_coeffs),
-      ns_steps=fields.ns_steps,
+      ns_steps=0 if fields.ns_stacked else fields.ns_steps,  # stacked: normalised alone
       beta=fields.momentum,
       nesterov=fields.nesterov,
       mu_dtype=None if low == jnp.float32 else low,
       weight_dimension_numbers=lambda updates: jax.tree.map(_kernel_matrix, updates),
     )
   )
+  if fields.ns_stacked:  # the iterations on all kernels at once
+    chain.append(newton_schulz_stacked(tuple(fields.ns_coeffs), fields.ns_steps))
   if fields.weight_decay:
     chain.append(optax.add_decayed_weights(fields.weight_decay))
   chain.append(optax.scale_by_learning_rate(learning_rate))
@@ -212,7 +244,8 @@ def _transforms(fields, schedule, steps, mask=None) -> list[optax.GradientTransf
 
 
 GROUP_FIELDS = (  # a group's own
-  "train_fraction", "ns_steps", "ns_coeffs", "normalize_weights", "normalize_every", "muon_dtype",
+  "train_fraction", "ns_steps", "ns_coeffs", "ns_stacked", "normalize_weights",
+  "normalize_every", "muon_dtype",
 )  # fmt: skip
 
 
@@ -224,6 +257,7 @@ def group_fields(config: ml_collections.ConfigDict) -> dict:
     train_fraction=1.0,
     ns_steps=5,
     ns_coeffs=(3.4445, -4.7750, 2.0315),  # optax's (Newton-Schulz's quintic)
+    ns_stacked=False,  # True: the iterations on all kernels at once (newton_schulz_stacked)
     normalize_weights=False,
     normalize_every=(),  # (): at every update (renormalize_weights)
     muon_dtype="float32",

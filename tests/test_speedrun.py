@@ -403,3 +403,21 @@ def test_the_hiverge_variant_s_smoke_trains_with_its_muon_jitter_and_partial_tta
   assert final["eval_accuracy"] > 0.5 and "eval_accuracy_first_view" in final  # 10 classes
   whiten = [r["learning_rate/whiten_bias"] for r in records if "loss" in r]
   assert whiten[0] > 0 and whiten[1:] == [0.0] * (len(whiten) - 1)  # round(16 · 7/243) = 1 step
+
+
+# The same products on the same values: zero padding adds exact zeros, and XLA's products of
+# other shapes may sum in another order, a few units of 6e-8 on values of size 1 after 3 steps.
+def test_newton_schulz_on_the_kernels_stacked_gives_each_kernel_its_own_iterations():
+  shapes = {"a": (3, 3, 24, 64), "b": (3, 3, 64, 64), "c": (3, 3, 64, 256), "d": (2, 2, 3, 24)}
+  keys = jax.random.split(jax.random.key(0), len(shapes))
+  grads = {n: jax.random.normal(k, s) for (n, s), k in zip(shapes.items(), keys, strict=True)}
+  config = configuration.load(SMOKE)
+  fields = optim.group_fields(config)["filters"]
+  fields.update(weight_decay=0.0, normalize_weights=False, ns_coeffs=(3.4576, -4.7391, 2.0843))
+  updates = []
+  for stacked in (False, True):
+    fields.ns_stacked = stacked
+    muon = optim.muon(1.0, fields, steps=10)
+    updates.append(jax.jit(muon.update)(grads, muon.init(grads), grads)[0])
+  for name in shapes:
+    np.testing.assert_allclose(updates[1][name], updates[0][name], rtol=1e-5, atol=1e-6)
