@@ -194,7 +194,7 @@ def newton_schulz_stacked(ns_coeffs, ns_steps: int) -> optax.GradientTransformat
 
 
 @register("muon", decays_weights=True, groups_only=True, steps=True)
-def muon(learning_rate, fields, steps) -> optax.GradientTransformation:
+def muon(learning_rate, fields, steps=None) -> optax.GradientTransformation:
   """Momentum orthogonalised by Newton-Schulz (`ns_steps` of `ns_coeffs`) per kernel, or on
   all kernels stacked where `ns_stacked` (newton_schulz_stacked), weight
   decay decoupled (as optax.contrib.muon), kernels renormalised where `normalize_weights`

@@ -159,7 +159,9 @@ def test_the_speedrun_against_airbench_takes_the_place_of_its_not_measured_row(t
   before = results.main_table([], expected)
   assert "| Speedrun (8 epochs) against airbench94_muon, bfloat16 | cifar10-jpeg (50,000 " in before
   table = results.main_table([record], expected)
-  assert "against airbench94_muon, bfloat16 | cifar10-jpeg (50,000" not in table
+  assert (
+    "| Speedrun (8 epochs) against airbench94_muon, bfloat16 | cifar10-jpeg (50,000" not in table
+  )
   assert (
     "| Speedrun (8 epochs) against airbench94_muon, bfloat16, 2 runs each | cifar10-jpeg | "
     "ours mean 91.50 ± 0.71 % with TTA, airbench94_muon mean 91.00 ± 0.71 % | whitening init, "
