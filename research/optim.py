@@ -6,9 +6,13 @@ the parameter), then the group's own `optimizer`, `learning_rate`, `weight_decay
 `nesterov` or any other field of the config (unset: the config's), and `train_fraction` (its
 schedule runs over that share of training and its learning rate is 0 after). `optimizer` is
 a registered one (OPTIMIZERS, below), "frozen" (never updated), or "muon": momentum whose
-update is orthogonalised by Newton-Schulz iterations (`ns_steps`) per kernel, a kernel
-[kh, kw, in, out] taken as a matrix [kh·kw·in, out]; `normalize_weights=True` rescales each
-kernel to norm sqrt(out) before its update (airbench's Muon). Parameters no group matches use
+update is orthogonalised by Newton-Schulz iterations (`ns_steps` of `ns_coeffs`) per kernel,
+a kernel [kh, kw, in, out] taken as a matrix [kh·kw·in, out] (`ns_stacked=True`: all kernels
+at once); `normalize_weights=True` rescales each kernel to norm sqrt(out) before its update
+(airbench's Muon), every update or as `normalize_every=(first, growth)` spaces them (hiverge's).
+The optimizer is built once a run; its update takes the run's length (`horizon=`, traced).
+Once a group's `train_fraction` is over, the step no longer differentiates it (`frozen_from`).
+Parameters no group matches use
 the config's own optimizer, with weight decay on kernels only. A group's weight decay applies
 to all its parameters.
 """
