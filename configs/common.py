@@ -58,6 +58,10 @@ def training_defaults() -> ml_collections.ConfigDict:
   c.num_epochs = 1
   c.num_train_steps = -1  # -1: num_epochs decides; >= 1 overrides num_epochs
   c.micro_batch_size = 0  # examples per forward/backward pass; 0 = auto (steps.micro_batch_size)
+  # Steps one call of the compiled program runs on the device (a lax.scan, their metrics kept
+  # there): > 1 for resident data only; it divides an epoch's steps, the run's, and the log,
+  # eval, checkpoint and profile steps
+  c.steps_per_call = 1
 
   # Augmentation, run on device: op names from research/augment.py joined by "|".
   c.augment = "crop(4)|flip_lr|standardize"

@@ -26,6 +26,7 @@ import jax
 import ml_collections
 import numpy as np
 import tqdm
+from jax import lax
 
 from research import checkpoint, losses, models, optim, steps, trained, validate
 from research import data as data_lib
@@ -69,6 +70,7 @@ class Training:
   checkpoint_every: int  # steps between checkpoints (0: by time and at the end only)
   warm_up: bool  # the compiled step and eval run once, results discarded, before the clock
   warm: dict | None  # what the state took from `init_from` (None: from scratch or resumed)
+  steps_per_call: int = 1  # steps one call of the compiled program runs (a lax.scan)
 
 
 def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Training:
@@ -96,6 +98,11 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
     (at, build_step(config, checked, inputs, state, names)[0])
     for at, names in optim.frozen_from(config, checked.groups, num_steps).items()
   )
+  eval_every = every_steps(config.eval_every_steps, config.eval_every_epochs, per_epoch)
+  checkpoint_every = every_steps(
+    config.checkpoint_every_steps, config.checkpoint_every_epochs, per_epoch
+  )
+  _check_steps_per_call(config, inputs, num_steps, eval_every, checkpoint_every)
   return Training(
     inputs,
     seeds,
@@ -108,11 +115,40 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
     num_steps,
     checked.per_device_batch,
     micro_batch,
-    every_steps(config.eval_every_steps, config.eval_every_epochs, per_epoch),
-    every_steps(config.checkpoint_every_steps, config.checkpoint_every_epochs, per_epoch),
+    eval_every,
+    checkpoint_every,
     config.warm_up,
     warm,
+    config.steps_per_call,
   )
+
+
+def _check_steps_per_call(config, inputs: Inputs, num_steps: int, *periods: int) -> None:
+  """A user error unless `steps_per_call` steps make whole calls of the run: resident data (a
+  call's steps share their batch: the data and the epoch's order), an epoch, the run, and every
+  step something happens after (a log line, an eval, a checkpoint, a profile's ends)."""
+  k = config.steps_per_call
+  if k == 1:
+    return
+  if inputs.first_images is None:  # streamed: each step its own decoded batch
+    raise UserError(
+      f"steps_per_call={k} needs data resident on the devices; {inputs.name} streams (use "
+      "data_placement='resident', or steps_per_call=1)"
+    )
+  window = tuple(config.profile_steps)
+  counts = {
+    "an epoch's steps": inputs.steps_per_epoch,
+    "the run's steps": num_steps,
+    "log_every_steps": config.log_every_steps,
+    "the steps between evals": periods[0],
+    "the steps between checkpoints": periods[1],
+    **({"profile_steps' first step - 1": window[0] - 1, "its last": window[1]} if window else {}),
+  }
+  if wrong := [f"{name} ({n})" for name, n in counts.items() if n % k]:
+    raise UserError(
+      f"steps_per_call={k} does not divide {', '.join(wrong)}: each call runs {k} whole steps; "
+      "choose a steps_per_call that divides them (or change them)"
+    )
 
 
 def _first_state(config, model, inputs: Inputs, augment, tx, source) -> tuple:
@@ -350,6 +386,11 @@ def train_and_evaluate(
   checkpoints = checkpoint.Checkpoints(workdir, config, echo, training.checkpoint_every)
   state, extra_times = _initial_state(config, training, checkpoints, workdir, warm)
   start_step = steps.step_of(state)
+  if start_step % config.steps_per_call:  # a checkpoint of a run with another steps_per_call
+    raise UserError(
+      f"{workdir} resumes at step {start_step}, which steps_per_call={config.steps_per_call} "
+      "does not divide; resume with a steps_per_call that divides it"
+    )
   profiler = Profiler(config, workdir, start_step, echo)  # its window is checked here
   rstate, skipped_at_start = replicate(state), len(inputs.skipped_files())
   stream = inputs.batches(start_step)
@@ -415,17 +456,22 @@ class Loop:
   echo: Callable
 
   def run(self, p_train_step, rstate, batches, start_step: int):
-    """Steps start_step + 1 to the run's last; the replicated state after them. A stop signal
-    saves the state and raises Preempted."""
+    """Steps start_step + 1 to the run's last, `steps_per_call` a call (`step` is a call's
+    last); the replicated state after them. A stop signal saves the state and raises
+    Preempted."""
     clock, progress, num_steps = self.clock, self.progress, self.training.num_steps
-    in_flight = []  # metrics of steps not yet logged
-    for step in range(start_step + 1, num_steps + 1):
-      self.profiler.before(step)
-      rstate, metrics = p_train_step(rstate, clock.next_input(batches))
+    k = self.training.steps_per_call
+    in_flight = []  # metrics of calls not yet logged
+    for step in range(start_step + k, num_steps + 1, k):
+      self.profiler.before(step - k + 1)
+      batch = clock.next_input(batches)
+      for _ in range(k - 1):  # the call's other steps: the same resident batch
+        next(batches)
+      rstate, metrics = p_train_step(rstate, batch)
       in_flight.append(metrics)
-      if len(in_flight) > 1:  # at most 2 steps in flight: the device always has the next one,
-        jax.block_until_ready(in_flight[-2])  # and a signal or an error is seen within a step
-      self.bar.update(1)
+      if len(in_flight) > 1:  # at most 2 calls in flight: the device always has the next one,
+        jax.block_until_ready(in_flight[-2])  # and a signal or an error is seen within a call
+      self.bar.update(k)
       if progress.due(step, clock):
         progress.write(step, in_flight, clock)
         in_flight = []
@@ -573,9 +619,22 @@ def compile_step(training: Training, rstate, first_batch, start_step: int = 0):
   programs = [(at, fn) for i, (at, fn) in enumerate(programs) if _runs(programs, i, start_step)]
   compiled = []
   for at, train_step in programs:
+    if training.steps_per_call > 1:
+      train_step = _scanned(train_step, training.steps_per_call)
     p_train_step = jax.pmap(train_step, axis_name=AXIS, donate_argnums=(0,))
     compiled.append((at, p_train_step.lower(rstate, first_batch, *run).compile()))
-  return CompiledStep(compiled, run, start_step), compiled[0][1]
+  return CompiledStep(compiled, run, start_step, training.steps_per_call), compiled[0][1]
+
+
+def _scanned(train_step, k: int):
+  """`train_step` run `k` times in one program (lax.scan) on the same batch, the resident data
+  and its epoch's order: each step takes its examples by the state's step count. The metrics
+  come back stacked, [k, ...]."""
+
+  def steps(state, batch, *run):
+    return lax.scan(lambda state, _: train_step(state, batch, *run), state, None, length=k)
+
+  return steps
 
 
 def _runs(programs: list, i: int, start_step: int) -> bool:
@@ -586,15 +645,17 @@ def _runs(programs: list, i: int, start_step: int) -> bool:
 @dataclasses.dataclass
 class CompiledStep:
   """`step(state, batch)`: the program for the step count `at` the state is at, the last of
-  `programs` [(first step count, compiled)] that starts at or before it; `at` then counts on."""
+  `programs` [(first step count, compiled)] that starts at or before it; `at` then counts on,
+  by the `steps` one call runs."""
 
   programs: list
   run: list  # the arguments after (state, batch): the run's step count, its seed
   at: int
+  steps: int = 1
 
   def __call__(self, state, batch):
     compiled = next(c for first, c in reversed(self.programs) if first <= self.at)
-    self.at += 1
+    self.at += self.steps
     return compiled(state, batch, *self.run)
 
   def warm_up(self, state, batch) -> None:
@@ -781,17 +842,20 @@ class Progress:
     self.warned_long = False
 
   def due(self, step: int, clock: Clock) -> bool:
-    """Every `log_every_steps`, the first and last step (feedback before a slow interval), and
+    """Every `log_every_steps`, the first and last call (feedback before a slow interval), and
     once `log_every_seconds` passed. Not by time with several processes: each stops on NaN at
     a log step, so those steps must be the same in all of them."""
+    first = self.start_step + self.config.steps_per_call  # the first call's last step
     return (
       step % self.config.log_every_steps == 0
-      or step in (self.start_step + 1, self.num_steps)
+      or step in (first, self.num_steps)
       or (self.single_process and clock.since_interval() >= self.config.log_every_seconds)
     )
 
   def write(self, step: int, in_flight: list, clock: Clock) -> None:
     fetched = first_replica(in_flight)  # one fetch; blocks until these steps are done
+    if self.config.steps_per_call > 1:  # each call's metrics [steps, ...]: a dict a step
+      fetched = [{n: v[i] for n, v in m.items()} for m in fetched for i in range(len(m["loss"]))]
     training, input_wait = clock.close_interval()
     # Each a number, or one per seed (config.seeds > 1): their mean is the record's. Every
     # metric the step returns is averaged over the steps since the last record; the norms are

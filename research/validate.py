@@ -33,6 +33,7 @@ INT_FIELDS = (
   ("prefetch", 1),
   ("host_image_size", 1),
   ("micro_batch_size", 0),
+  ("steps_per_call", 1),
   ("seed", 0),
   ("seeds", 1),
   ("init_from_step", 0),

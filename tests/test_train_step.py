@@ -1,8 +1,10 @@
 """The core invariant: N devices with global batch B take the same step as 1 device with B."""
 
 import contextlib
+import dataclasses
 import functools
 import itertools
+import json
 
 import flax.linen
 import jax
@@ -13,8 +15,9 @@ import optax
 import pytest
 from jax import lax
 
-from research import augment, configuration, cpu_forms, inputs, losses, models, steps
+from research import augment, configuration, cpu_forms, inputs, losses, models, steps, train
 from research.data import ImageDataset
+from research.errors import UserError
 from research.placement import first_replica, replicate
 from research.steps import AXIS, create_train_state, train_step
 from research.train import setup
@@ -341,3 +344,45 @@ def test_a_draw_the_model_makes_itself_differs_per_device_and_per_micro_batch(ba
   )
   slices = np.asarray(taken).reshape(4, 16)  # devices × micro-batches: 4 slices of the batch
   assert len({row.tobytes() for row in slices}) == 4  # each slice of the batch draws anew
+
+
+# One call of 4 steps and 4 calls of one run the same operations; XLA may fuse the loop's body
+# apart and round a few units of 6e-8 differently, which 4 small SGD steps do not grow past 1e-5.
+def test_steps_per_call_runs_the_steps_of_single_calls_and_the_run_logs_each_step(tmp_path):
+  config = configuration.load("configs/cifar_keras_cnn.py:smoke")
+  config.update(optimizer="sgd", learning_rate=0.01, momentum=0.0, synthetic_image_size=16)
+  config.update(synthetic_train_size=256, synthetic_test_size=64, batch_size=32, eval_batch_size=32)
+  single, four = setup(config), setup(config.copy_and_resolve_references())
+  four = dataclasses.replace(four, steps_per_call=4)
+  stream = single.inputs.batches(0)
+  batches = [next(stream) for _ in range(4)]
+  one_step, _ = train.compile_step(single, replicate(single.state), batches[0])
+  four_steps, _ = train.compile_step(four, replicate(four.state), batches[0])
+  a, losses = replicate(single.state), []
+  for batch in batches:
+    a, metrics = one_step(a, batch)
+    losses.append(first_replica(metrics)["loss"])
+  b, metrics = four_steps(replicate(four.state), batches[0])  # the resident data: one batch
+  np.testing.assert_allclose(first_replica(metrics)["loss"], losses, rtol=1e-5)
+  for x, y in zip(*(jax.tree.leaves(first_replica(s.params)) for s in (a, b)), strict=True):
+    np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+
+  config.update(steps_per_call=4, num_train_steps=8, log_every_steps=4)
+  final = train.train_and_evaluate(config, str(tmp_path / "run"))
+  records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+  assert [r["step"] for r in records if "loss" in r] == [4, 8] and final["step"] == 8
+
+
+@pytest.mark.parametrize(
+  "fields, message",
+  [
+    (dict(steps_per_call=3), r"=3 does not divide an epoch's steps \(16\), log_every_steps \(8\)"),
+    (dict(steps_per_call=4, log_every_steps=6), r"=4 does not divide log_every_steps \(6\): each"),
+  ],
+)
+def test_a_steps_per_call_that_splits_a_step_s_event_is_one_error_line(fields, message):
+  config = configuration.load("configs/cifar_keras_cnn.py:smoke")
+  config.update(fields)
+  with pytest.raises(UserError, match=message) as error:
+    setup(config)
+  assert "\n" not in str(error.value)
