@@ -390,21 +390,6 @@ def test_hiverge_s_muon_renormalises_every_2_plus_15_progress_updates():
   np.testing.assert_allclose(jnp.linalg.norm(kernel["k"] + updates["k"]), np.sqrt(2), rtol=1e-6)
 
 
-def test_the_hiverge_variant_s_smoke_trains_with_its_muon_jitter_and_partial_tta(tmp_path):
-  """`:hiverge,smoke`: SiLU, its BatchNorm momentum, the colour jitter, Muon with its
-  Newton-Schulz coefficients and renormalisation period, the whitening bias for 7/243 of the
-  run, TTA on the least confident quarter: it trains, learns, and evaluates with its views."""
-  config = configuration.load("configs/cifar_speedrun.py:hiverge,smoke")
-  assert config.model.activation == "silu" and config.batch_size == 128
-  final = train_and_evaluate(config, str(tmp_path / "run"))
-  records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
-  losses = [r["loss"] for r in records if "loss" in r]
-  assert losses[-1] < losses[0]
-  assert final["eval_accuracy"] > 0.5 and "eval_accuracy_first_view" in final  # 10 classes
-  whiten = [r["learning_rate/whiten_bias"] for r in records if "loss" in r]
-  assert whiten[0] > 0 and whiten[1:] == [0.0] * (len(whiten) - 1)  # round(16 · 7/243) = 1 step
-
-
 # The same products on the same values: zero padding adds exact zeros, and XLA's products of
 # other shapes may sum in another order, a few units of 6e-8 on values of size 1 after 3 steps.
 def test_newton_schulz_on_the_kernels_stacked_gives_each_kernel_its_own_iterations():
