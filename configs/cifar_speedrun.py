@@ -47,8 +47,10 @@ def _smoke(c):
 # hiverge's cifar10_speedrun.py at 5cd49b1 (github.com/hiverge/cifar10-speedrun, 2025-09-30; the
 # file tools/measure.py pins), its constants named as the script names them. Not taken: its
 # float16 everywhere (BatchNorm too; ours computes in model.dtype, bfloat16 on GPUs, and keeps
-# parameters and statistics float32) and its TTA's quantile over the whole test set (ours: of
-# each eval batch).
+# parameters and statistics float32), its TTA's quantile over the whole test set (ours: of
+# each device's eval batch, so the final accuracy depends a little on the device count), its
+# Muon's weight decay after the update (ours before it, lr·wd·p: the same to first order) and
+# momentum as a plain sum (optax's is a bias-corrected average; Newton-Schulz normalises it).
 H_BATCH = 1536  # main(): training_batch_size
 H_WD = 1.0418e-06 * H_BATCH  # main(): wd
 H_BIAS_LR, H_HEAD_LR = 0.0573, 0.5415  # main(): bias_lr, head_lr

@@ -179,8 +179,10 @@ def tta(translate: int = 1, uncertain: float = 1.0, weighting: str = "airbench")
   """airbench's test-time augmentation: the image and its mirror (weights 1/4 each), and both
   again translated by `translate` pixels up-left and down-right with reflected edges (1/8
   each); `weighting` "mean": the six views weigh 1/6 each (hiverge's). The first view is the
-  image itself. `uncertain` < 1: the other views only for that share of each eval batch, the
-  examples least confident by the first view (hiverge's 0.25; Views)."""
+  image itself. `uncertain` < 1: the other views only for that share of each device's eval
+  batch, the examples least confident by the first view (hiverge's 0.25, of its whole test
+  set; Views): which examples get views, and so the accuracy, then depends a little on the
+  device count and eval_batch_size."""
   if weighting not in ("airbench", "mean") or not 0 < uncertain <= 1:
     raise UserError(
       f"tta({translate}, {uncertain}, {weighting!r}): uncertain is a share in (0, 1] and "

@@ -1,7 +1,7 @@
 """Forms of convolution and max-pool that run faster than XLA's own ops on XLA:CPU (and one
 on GPUs), applied to any flax model from outside it.
 
-On CPU (tests, smoke runs, CI, laptops) the step traces its model inside
+On CPU (tests, smoke runs, CI, laptops) `research.models.apply_fn` traces every model inside
 `cpu_forms_applied()`: every `nn.Conv` then takes another form of the same computation where
 XLA:CPU's own is slow (flax's `nn.intercept_methods` hands it this module's
 `conv_general_dilated`); each form has the same values and gradients to float rounding

@@ -11,7 +11,8 @@ a kernel [kh, kw, in, out] taken as a matrix [kh·kw·in, out] (`ns_stacked=True
 at once); `normalize_weights=True` rescales each kernel to norm sqrt(out) before its update
 (airbench's Muon), every update or as `normalize_every=(first, growth)` spaces them (hiverge's).
 The optimizer is built once a run; its update takes the run's length (`horizon=`, traced).
-Once a group's `train_fraction` is over, the step no longer differentiates it (`frozen_from`).
+Once a group's `train_fraction` is over, the step no longer differentiates it (`frozen_from`;
+not with grad_clip_norm, nor for a step that reads the gradient itself).
 Parameters no group matches use
 the config's own optimizer, with weight decay on kernels only. A group's weight decay applies
 to all its parameters.
@@ -23,6 +24,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
 from optax.contrib import MuonDimensionNumbers, scale_by_muon
 
@@ -86,12 +88,20 @@ def logged_schedules(config, steps_per_epoch: int, num_steps: int, groups: dict)
   return logged
 
 
+def group_steps(fraction: float, num_steps):
+  """A group's `train_fraction` of `num_steps` in steps, at least 1: the float32 product rounded
+  half to even, the same whether `num_steps` is an int (an int back) or traced."""
+  if isinstance(num_steps, int):
+    return max(1, int(np.round(np.float32(fraction) * np.float32(num_steps))))
+  product = jnp.float32(fraction) * num_steps.astype(jnp.float32)
+  return jnp.maximum(1, jnp.round(product).astype(jnp.int32))
+
+
 def group_schedule(config, fields, steps_per_epoch: int, num_steps):
   """A parameter group's schedule: over its `train_fraction` of the run's steps, 0 after."""
-  if traced(fields):
-    steps = jnp.maximum(1, jnp.round(fields.train_fraction * num_steps).astype(jnp.int32))
-  else:
-    steps = max(1, round(fields.train_fraction * num_steps))
+  steps = group_steps(fields.train_fraction, num_steps)
+  if traced(fields) and isinstance(steps, int):  # its arithmetic in jnp: the traced one's
+    steps = jnp.int32(steps)
   schedule = learning_rate_schedule(config, steps_per_epoch, steps, fields)
   return _until(schedule, steps) if fields.train_fraction < 1 else schedule
 
@@ -277,10 +287,25 @@ def group_fields(config: ml_collections.ConfigDict) -> dict:
         + f"; a group has match and any of the config's fields or {', '.join(GROUP_FIELDS)}"
       )
     fields = {**defaults, **group.to_dict()}
+    _check_muon_fields(name, fields)
     if fields["muon_dtype"] == "model":  # Muon in the model's compute dtype
       fields["muon_dtype"] = config.model.dtype
     groups[name] = ml_collections.ConfigDict(fields)
   return groups
+
+
+def _check_muon_fields(name: str, fields: dict) -> None:
+  """A user error for a group's Newton-Schulz coefficients that are not three numbers, or a
+  renormalisation period that is not () or (first, growth) of a group that renormalises."""
+  numbers = lambda xs, n: len(xs) == n and all(isinstance(x, (int, float)) for x in xs)
+  coeffs, every = tuple(fields["ns_coeffs"]), tuple(fields["normalize_every"])
+  if not numbers(coeffs, 3):
+    raise UserError(f"param_groups.{name}.ns_coeffs={coeffs}: give three numbers (a, b, c)")
+  if every and not (numbers(every, 2) and fields["normalize_weights"]):
+    raise UserError(
+      f"param_groups.{name}.normalize_every={every}: give (first, growth), two numbers, for a "
+      "group with normalize_weights=True, or () to renormalise at every update"
+    )
 
 
 def labels(config: ml_collections.ConfigDict, params) -> dict:
@@ -325,12 +350,14 @@ def frozen_from(config: ml_collections.ConfigDict, groups: dict, num_steps: int)
   `group_schedule`). From that step the group's update no longer depends on its gradient (the
   optimizer scales its update by the learning rate, as every shipped one does), so the step
   need not compute it (`frozen_mask`'s `also`): the same parameters. Without grad_clip_norm
-  only: the clipped norm would count the gradient."""
+  only (the clipped norm would count the gradient), and for steps registered
+  optimizer_only=True (research/steps.py); the logged grad_norm leaves the group out from
+  there."""
   if config.grad_clip_norm:
     return {}
   ends = {}
   for name, fields in groups.items():
-    end = max(1, round(fields.train_fraction * num_steps))
+    end = group_steps(fields.train_fraction, num_steps)  # the schedule's own count
     frozen = OPTIMIZERS.options[fields.optimizer].get("frozen")
     if fields.train_fraction < 1 and end < num_steps and not frozen:
       ends.setdefault(end, []).append(name)

@@ -127,7 +127,10 @@ def _dropout(dropout: nn.Dropout, index, next_fun, inputs, deterministic=None, r
 # --- the train step: registered by name, chosen by config.step ------------------------------------
 # register(name) on `step(state, batch, run: Run) -> (state, metrics)`, written for ONE device:
 # `run` holds the run's pieces (below), metrics are scalars averaged over the devices
-# (lax.pmean); each reaches the log lines, metrics.jsonl and TensorBoard.
+# (lax.pmean); each reaches the log lines, metrics.jsonl and TensorBoard. register(name,
+# optimizer_only=True): the step uses the gradient only through `run.update` (the optimizer),
+# so once a group's learning rate stays 0 the run may switch to a step without that group's
+# gradient (optim.frozen_from); a step that reads the gradient itself (SAM's norm) leaves it off.
 STEPS = Registry("train step", "step")
 register = STEPS.register
 
@@ -251,7 +254,7 @@ class Run:
     return metrics
 
 
-@register("standard")
+@register("standard", optimizer_only=True)
 def standard_step(state, batch, run: Run):
   """One optimizer step on this device's part of the global batch: its examples, augmented;
   the forward pass, the loss and its gradients; their mean over all devices; the update."""
@@ -293,10 +296,13 @@ def augmented_examples(step, batch, *, gather, augment, count: int):
   return images[:count]  # augmented as a whole batch: the same per-example keys
 
 
-def eval_logits(state, images_u8, sizes=None, *, preprocess):
+def eval_logits(state, images_u8, sizes=None, *, preprocess, mask=None):
   """(logits, the first view's logits) [batch, classes] in float32 of the model in eval mode
   on `images_u8` through `preprocess`; with views (`preprocess.weights`) the logits are the
-  views' weighted mean, else both are the same. `state` has params, batch_stats, apply_fn."""
+  views' weighted mean, else both are the same; with `preprocess.uncertain` < 1 the views only
+  for that share of this batch (this device's part of it), the examples the first view is
+  least confident of, real ones (`mask` 1) before padding. `state` has params, batch_stats,
+  apply_fn."""
   images = preprocess(jax.random.key(0), images_u8, sizes)  # deterministic ops only
 
   def apply(x):
@@ -314,7 +320,10 @@ def eval_logits(state, images_u8, sizes=None, *, preprocess):
   # their logits scattered back over the first view's.
   first = apply(images[0])
   k = max(1, int(preprocess.uncertain * first.shape[0]))
-  _, chosen = lax.top_k(-jax.nn.softmax(first).max(-1), k)
+  confidence = jax.nn.softmax(first).max(-1)
+  if mask is not None:  # padding is never chosen over a real example
+    confidence = jnp.where(mask > 0, confidence, jnp.inf)
+  _, chosen = lax.top_k(-confidence, k)
   others = lax.map(apply, images[1:, chosen])  # [views - 1, k, classes]
   mixed = weights[0] * first[chosen] + jnp.tensordot(weights[1:], others, 1)
   return first.at[chosen].set(mixed), first
@@ -324,7 +333,7 @@ def eval_sums(state, images_u8, labels, mask, sizes=None, *, preprocess, metrics
   """Sums of loss, correct predictions and real examples (mask = 1) over one batch, and of
   each registered eval metric named in `metrics` (`metric/NAME`, research/metrics.py). With
   views, `correct_first_view` counts the first view's correct predictions alone."""
-  logits, first_view = eval_logits(state, images_u8, sizes, preprocess=preprocess)
+  logits, first_view = eval_logits(state, images_u8, sizes, preprocess=preprocess, mask=mask)
   losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
   sums = {
     "loss_sum": jnp.sum(losses * mask),

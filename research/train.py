@@ -94,9 +94,11 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
   tx = optim.create_optimizer(config, per_epoch, num_steps, checked.groups)  # once a run
   state, warm = _first_state(config, model, inputs, checked.augment, tx, source)
   train_step, micro_batch = build_step(config, checked, inputs, state)
+  switches = steps.STEPS.options[config.step].get("optimizer_only")  # steps.register
   later_steps = tuple(  # once a group's learning rate stays 0, a step without its gradient
     (at, build_step(config, checked, inputs, state, names)[0])
     for at, names in optim.frozen_from(config, checked.groups, num_steps).items()
+    if switches
   )
   eval_every = every_steps(config.eval_every_steps, config.eval_every_epochs, per_epoch)
   checkpoint_every = every_steps(
@@ -582,8 +584,9 @@ def _compiled_step(
   said = f"compiled the train step in {times['compile_sec']:.1f} s"
   if times["step_from_cache"]:
     said = f"loaded the train step from the compilation cache in {times['compile_sec']:.1f} s"
-  for at, _ in step.programs[1:]:  # optim.frozen_from
-    said += f" (from step {at + 1} without the gradients of groups whose learning rate is 0)"
+  for at, _ in step.programs[1:]:  # optim.frozen_from; at a call's first step
+    first = -(-at // step.steps) * step.steps + 1
+    said += f" (from step {first} without the gradients of groups whose learning rate is 0)"
   inputs = training.inputs
   if inputs.compile_evals:
     periodic = 0 < training.eval_every < training.num_steps
@@ -890,7 +893,8 @@ class Progress:
     self.log.train(record)
     if not self.is_main:
       return
-    if step > self.start_step + 1 and not self.warned_long:  # step 1 holds warm-up
+    first_call = self.start_step + self.config.steps_per_call  # it holds warm-up
+    if step > first_call and not self.warned_long:
       self.warned_long = self._warn_if_long(record, self.num_steps - step)
     if record["input_wait_fraction"] > INPUT_BOUND:
       self.echo(INPUT_BOUND_ADVICE.format(record["input_wait_fraction"]))

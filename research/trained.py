@@ -98,6 +98,11 @@ class Trained:
     resized to the run's size and its centre cropped; streamed, its longer side resized and
     the rest padded. A run on one channel reads it as grayscale (PIL's luma)."""
     size, _, channels = self.example_shape or (stored_size(self.config), None, 3)
+    if channels not in (1, 3):
+      raise UserError(
+        f"the run's examples have {channels} channels; image files give 1 (gray) or 3 (RGB): "
+        "give predict arrays of the run's shape instead"
+      )
     if self.streamed:
       return folder.pad_to_square(folder.read_rgb(image, max_side=size), size)
     rgb = folder.read_rgb(image, cover=size)

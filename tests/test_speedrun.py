@@ -365,9 +365,12 @@ def test_once_the_whitening_bias_stops_training_the_step_no_longer_differentiate
     dataclasses.replace(training, later_steps=()), state, batches[0]
   )
   a, b = state, jax.tree.map(lambda x: x.copy(), state)
+  norms = []  # the gradient's norm: the later program's leaves the whitening bias out
   for batch in batches:
-    a, _ = switching(a, batch)
-    b, _ = first_only(b, batch)
+    a, metrics_a = switching(a, batch)
+    b, metrics_b = first_only(b, batch)
+    norms.append([float(first_replica(m)["grad_norm"]) for m in (metrics_a, metrics_b)])
+  assert [x == y for x, y in norms] == [True] * 6 + [False] * 3  # switched at step count 6
   params = [jax.tree.leaves(first_replica(s.params)) for s in (a, b)]  # its momentum decays
   for x, y in zip(*params, strict=True):
     np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
@@ -406,3 +409,32 @@ def test_newton_schulz_on_the_kernels_stacked_gives_each_kernel_its_own_iteratio
     updates.append(jax.jit(muon.update)(grads, muon.init(grads), grads)[0])
   for name in shapes:
     np.testing.assert_allclose(updates[1][name], updates[0][name], rtol=1e-5, atol=1e-6)
+
+
+def test_a_step_that_reads_the_gradient_itself_keeps_one_program(guide_module):
+  """The guide's SAM step takes the gradient's norm: a group frozen part-way would change it,
+  so its run does not switch programs (steps.register's optimizer_only)."""
+  guide_module("myexp/parts.py")
+  config = configuration.load(SMOKE)
+  config.update(step="sam", sam_rho=0.05)
+  assert setup(config).later_steps == ()
+  assert len(setup(configuration.load(SMOKE)).later_steps) == 1
+
+
+@pytest.mark.parametrize(
+  "override, message",
+  [
+    ("--config.model.activation=relu", "model.activation='relu' is not one of 'gelu', 'silu'"),
+    ("--config.param_groups.filters.ns_coeffs=(1.0, 2.0)", "ns_coeffs=(1.0, 2.0): give three"),
+    ("--config.param_groups.filters.normalize_every=(2,)", "normalize_every=(2,): give (first"),
+  ],
+)
+def test_a_bad_speedrun_field_is_one_error_line_before_the_workdir_is_made(
+  override, message, tmp_path
+):
+  from research import main
+
+  config = "configs/cifar_speedrun.py:hiverge,smoke"  # its filters set every Muon field
+  with pytest.raises(UserError, match=re.escape(message)) as error:
+    main.run(["--config", config, f"--workdir={tmp_path / 'run'}", override])
+  assert "\n" not in str(error.value) and not (tmp_path / "run").exists()

@@ -36,6 +36,7 @@ bench stopped early keeps what it measured.
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import itertools
 import json
@@ -96,8 +97,10 @@ def time_steps(p_step, rstate, batches, steps: int, warmup: int = 3):
 
 def _bare(config):
   """(training, step, its compiled program, the replicated state, the batches): the config's
-  step as its run compiles it (train.compile_step), alone: no logging, no fetches."""
-  training = setup(config)
+  step as its run compiles it (train.compile_step), alone: no logging, no fetches. Its first
+  program every call (a run switches to one without a frozen group's gradient later:
+  Training.later_steps), one step a call."""
+  training = dataclasses.replace(setup(config), later_steps=(), steps_per_call=1)
   rstate, batches = replicate(training.state), training.inputs.batches(0)
   first = next(batches)
   step, program = compile_step(training, rstate, first)

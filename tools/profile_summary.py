@@ -22,9 +22,9 @@ from research.errors import EXIT_USER_ERROR, UserError
 
 # (kind, pattern searched in a kernel's name, lower case), the first that matches
 KINDS = (
-  ("max-pool gradient (select-and-scatter)", r"select_and_scatter|scatter"),
+  ("max-pool gradient (select-and-scatter)", r"select_and_scatter"),
   ("max-pool forward (reduce-window)", r"reduce_window"),
-  ("convolutions", r"conv|xmma|cudnn|implicit_?gemm|fprop|dgrad|wgrad|cutlass"),
+  ("convolutions", r"conv|cudnn|implicit|fprop|dgrad|wgrad"),  # cuDNN's and CUTLASS's
   ("matrix products", r"gemm|dot|cublas|matmul"),
   ("reductions", r"reduce|reduction"),
   ("memsets and copies", r"memset|memcpy|copy"),

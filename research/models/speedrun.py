@@ -27,6 +27,7 @@ from jax import lax
 
 from research import models
 from research.cpu_forms import max_pool  # nn.max_pool, its gradient faster on CPU
+from research.errors import UserError
 
 WHITEN = 2  # pixels per side of the whitening patches
 
@@ -148,11 +149,16 @@ def init_from_data(model_config, params, statistics):
 
 @models.register("speedrun")
 def create(model_config: ml_collections.ConfigDict, axis_name: str | None) -> nn.Module:
+  activation = model_config.get("activation", "gelu")
+  if activation not in ACTIVATIONS:
+    raise UserError(
+      f"model.activation={activation!r} is not one of {', '.join(map(repr, ACTIVATIONS))}"
+    )
   return SpeedrunNet(
     num_classes=model_config.num_classes,
     widths=tuple(model_config.widths),
     axis_name=axis_name,
     dtype=jnp.dtype(model_config.dtype),
-    activation=model_config.get("activation", "gelu"),
+    activation=activation,
     norm_momentum=model_config.get("norm_momentum", 0.6),
   )

@@ -36,6 +36,8 @@ def test_kernels_are_summed_by_kind_and_the_idle_share_is_the_window_without_any
       (1, 10_000, 12_000, "select_and_scatter_fusion"),
       (2, 11_000, 13_000, "loop_multiply_fusion"),  # on another stream, overlapping
       (1, 20_000, 25_000, "input_reduce_fusion"),  # after 7 ms without a kernel
+      (1, 25_000, 26_000, "sm90_xmma_gemm_bf16bf16_bf16f32"),  # cuBLAS: a matrix product
+      (1, 26_000, 27_000, "scatter_update_fusion"),  # a scatter, not the max-pool's
     ],
   )
   assert profile_summary.main([str(tmp_path / "profile"), "--json"]) == 0
@@ -43,11 +45,12 @@ def test_kernels_are_summed_by_kind_and_the_idle_share_is_the_window_without_any
   assert result["kinds"] == {
     "convolutions": 10.0,
     "reductions": 5.0,
+    "elementwise and other fusions": 3.0,
     "max-pool gradient (select-and-scatter)": 2.0,
-    "elementwise and other fusions": 2.0,
+    "matrix products": 1.0,
   }
-  assert result["kernels_ms"] == 19.0 and result["busy_ms"] == 18.0  # 1 ms overlapped
-  assert result["window_ms"] == 25.0 and abs(result["idle_share"] - 7 / 25) < 1e-12
+  assert result["kernels_ms"] == 21.0 and result["busy_ms"] == 20.0  # 1 ms overlapped
+  assert result["window_ms"] == 27.0 and abs(result["idle_share"] - 7 / 27) < 1e-12
 
 
 def test_a_trace_without_gpu_kernels_is_one_error_line(tmp_path, capsys):
