@@ -43,6 +43,52 @@ OPTIMIZERS = Registry("optimizer", "optimizer")
 register = OPTIMIZERS.register
 
 
+# Float fields that size or time the run rather than set a step's arithmetic: constants of the
+# program. Every other float field, the config's and each parameter group's (a fork's too),
+# is an argument of the compiled step where it is not 0 (`hyper_values`), so that a run with
+# another learning rate, weight decay, momentum, label smoothing or loss scalar loads the
+# step from the compilation cache; a 0 stays a constant (it may drop a transformation).
+STATIC_FLOATS = {
+  "warmup_epochs", "lr_decay_epochs", "lr_decay_rate", "train_fraction", "eval_every_epochs",
+  "checkpoint_every_epochs", "checkpoint_every_minutes", "log_every_seconds",
+  "replicate_max_gb", "resident_max_gb", "synthetic_noise",
+}  # fmt: skip
+
+
+def hyper_values(config: ml_collections.ConfigDict) -> dict:
+  """{field path: value} of the float fields the compiled step takes as arguments: the
+  config's and its parameter groups' (`param_groups.NAME.FIELD`), non-zero, not STATIC_FLOATS;
+  the learning rates only where every schedule is registered traced=True (optax's schedule
+  constructors check their numbers in Python)."""
+  static = STATIC_FLOATS | (
+    set() if length_traced(config, group_fields(config)) else {"learning_rate"}
+  )
+  taken = lambda name, v: isinstance(v, float) and v != 0 and name not in static
+  values = {name: v for name, v in config.items() if taken(name, v)}
+  for group, fields in config.param_groups.items():
+    values |= {f"param_groups.{group}.{k}": v for k, v in fields.items() if taken(k, v)}
+  return values
+
+
+def with_values(config: ml_collections.ConfigDict, values: dict) -> ml_collections.ConfigDict:
+  """A copy of `config` whose fields named in `values` (hyper_values' paths) hold those
+  values: traced scalars inside the step."""
+  tree = config.to_dict()
+  for path, value in values.items():
+    *parents, name = path.split(".")
+    node = tree
+    for parent in parents:
+      node = node[parent]
+    node[name] = value
+  return ml_collections.ConfigDict(tree)
+
+
+def nonzero(value) -> bool:
+  """Whether a field's value is not 0: a traced one never is (hyper_values keeps zeros
+  constant), so a transformation it needs is built."""
+  return not isinstance(value, (int, float)) or value != 0
+
+
 def learning_rate_schedule(
   config: ml_collections.ConfigDict, steps_per_epoch: int, num_steps, fields=None
 ) -> optax.Schedule:
@@ -54,7 +100,7 @@ def learning_rate_schedule(
   if config.lr_batch_size:
     scaled *= config.batch_size / config.lr_batch_size
   fields = config if fields is None else fields
-  peak = scaled if fields is config or not fields.learning_rate else fields.learning_rate
+  peak = fields.learning_rate if fields is not config and nonzero(fields.learning_rate) else scaled
   warmup = int(fields.warmup_epochs * steps_per_epoch)
   decay_steps = jnp.maximum(1, num_steps - warmup) if traced(fields) else max(1, num_steps - warmup)
   decay = schedules.SCHEDULES.get(fields.schedule)(peak, decay_steps, steps_per_epoch, fields)
@@ -129,7 +175,7 @@ def rmsprop(learning_rate, fields) -> optax.GradientTransformation:
     decay=fields.rms_decay,
     eps=fields.rms_eps,
     eps_in_sqrt=fields.rms_eps_in_sqrt,
-    momentum=fields.momentum or None,
+    momentum=fields.momentum if nonzero(fields.momentum) else None,
   )
 
 
@@ -230,7 +276,7 @@ def muon(learning_rate, fields, steps=None) -> optax.GradientTransformation:
   )
   if fields.ns_stacked:  # the iterations on all kernels at once
     chain.append(newton_schulz_stacked(tuple(fields.ns_coeffs), fields.ns_steps))
-  if fields.weight_decay:
+  if nonzero(fields.weight_decay):
     chain.append(optax.add_decayed_weights(fields.weight_decay))
   chain.append(optax.scale_by_learning_rate(learning_rate))
   if fields.normalize_weights:
@@ -252,7 +298,9 @@ def _transforms(fields, schedule, steps, mask=None) -> list[optax.GradientTransf
   make = OPTIMIZERS.get(fields.optimizer)
   takes_steps = OPTIMIZERS.options[fields.optimizer].get("steps")
   transforms = [make(schedule, fields, steps=steps) if takes_steps else make(schedule, fields)]
-  if fields.weight_decay and not OPTIMIZERS.options[fields.optimizer].get("decays_weights"):
+  if nonzero(fields.weight_decay) and not OPTIMIZERS.options[fields.optimizer].get(
+    "decays_weights"
+  ):
     transforms.insert(0, optax.add_decayed_weights(fields.weight_decay, mask=mask))
   return transforms
 
@@ -374,17 +422,20 @@ def create_optimizer(
   """The config's optimizer, built once a run, its schedules over `num_steps`. Its update takes
   the run's length as `horizon=` (the compiled step's int32 argument, traced): where every
   schedule takes it traced (`length_traced`) they end there, so that runs of any length share
-  one compiled step; it then makes its transformations for that length in the trace, as
-  optax.inject_hyperparams does for its traced hyper-parameters. `groups`: group_fields."""
+  one compiled step; and `hyper=` (hyper_values, traced), the values its fields take. It then
+  makes its transformations for them in the trace, as optax.inject_hyperparams does for its
+  traced hyper-parameters. `groups`: group_fields."""
   groups = group_fields(config) if groups is None else groups
   traced = length_traced(config, groups)
   made = _transformation(config, steps_per_epoch, num_steps, groups)
 
-  def update(updates, state, params=None, *, horizon=None, **extra_args):
-    if not traced or horizon is None:
+  def update(updates, state, params=None, *, horizon=None, hyper=None, **extra_args):
+    if (not traced or horizon is None) and not hyper:
       return made.update(updates, state, params, **extra_args)
-    tx = _transformation(config, steps_per_epoch, horizon, groups)  # the same state's layout
-    return tx.update(updates, state, params, **extra_args)
+    length = horizon if traced and horizon is not None else num_steps
+    view = with_values(config, hyper) if hyper else config
+    tx = _transformation(view, steps_per_epoch, length, group_fields(view) if hyper else groups)
+    return tx.update(updates, state, params, **extra_args)  # the same state's layout
 
   return optax.GradientTransformationExtraArgs(made.init, update)
 
@@ -393,7 +444,7 @@ def _transformation(config, steps_per_epoch: int, num_steps, groups: dict):
   """The optimizer's chain, its schedules over `num_steps` (an int, or traced)."""
   schedule = learning_rate_schedule(config, steps_per_epoch, num_steps)
   chain = []
-  if config.grad_clip_norm:
+  if nonzero(config.grad_clip_norm):
     chain.append(optax.clip_by_global_norm(config.grad_clip_norm))
   default = _transforms(config, schedule, num_steps, mask=_kernels_only)
   if not config.param_groups:

@@ -37,9 +37,9 @@ def seeded(train_step, seeds, batch_axes, *, vectorized: bool = False):
   measures both, on a CPU and a GPU."""
   seeds = np.asarray(seeds, np.int32)
 
-  def step(state, batch, horizon=None):
+  def step(state, batch, horizon=None, hyper=None):
     def one(state, batch, seed):
-      return train_step(state, batch, horizon, seed)
+      return train_step(state, batch, horizon, seed, hyper)
 
     if vectorized:
       return jax.vmap(one, in_axes=(0, batch_axes, 0))(state, batch, seeds)

@@ -20,7 +20,7 @@ import optax
 from flax.training import train_state
 from jax import lax
 
-from research import models
+from research import models, optim
 from research import seeds as seeds_lib
 from research.errors import UserError
 from research.metrics import EVAL_METRICS
@@ -171,6 +171,7 @@ class Run:
   frozen: Any = None  # True for each parameter no update changes (optim.frozen_mask)
   horizon: Any = None  # int32, given to the optimizer's update; None: the optimizer's own
   seed: Any = None  # None: the keys gather and augment were built with
+  hyper: Any = None  # {field: traced value} (optim.hyper_values) for the optimizer's update
 
   def examples(self, state, batch) -> Batch:
     """This device's examples of the step `state` is at, augmented as the step draws them:
@@ -233,8 +234,9 @@ class Run:
   def update(self, state, grads, batch_stats):
     """`state` after the optimizer's update by `grads` (averaged over the devices already),
     with `batch_stats`: `state.tx` (research/optim.py) with its schedules over `horizon`."""
-    tx = optax.with_extra_args_support(state.tx)  # a plain optax transformation ignores it
-    updates, opt_state = tx.update(grads, state.opt_state, state.params, horizon=self.horizon)
+    tx = optax.with_extra_args_support(state.tx)  # a plain optax transformation ignores them
+    extra = {"horizon": self.horizon, "hyper": self.hyper}
+    updates, opt_state = tx.update(grads, state.opt_state, state.params, **extra)
     params = optax.apply_updates(state.params, updates)
     new_state = state.replace(
       step=state.step + 1, params=params, opt_state=opt_state, batch_stats=batch_stats
@@ -267,9 +269,17 @@ def standard_step(state, batch, run: Run):
   return new_state, run.metrics(out, grads, new_state)
 
 
-def train_step(state, batch, horizon=None, seed=None, *, step: str = "standard", **pieces):
-  """The train step registered as `step`, given the run's `pieces` (the fields of `Run`)."""
-  return STEPS.get(step)(state, batch, Run(**pieces, horizon=horizon, seed=seed))
+def train_step(
+  state, batch, horizon=None, seed=None, hyper=None, *, step: str = "standard", **pieces
+):
+  """The train step registered as `step`, given the run's `pieces` (the fields of `Run`).
+  `hyper` (optim.hyper_values, traced): the values the config's float fields take in this
+  step: the loss, the step and the optimizer read them from there."""
+  if hyper:
+    pieces["config"] = optim.with_values(pieces["config"], hyper)
+    loss = pieces["loss"]  # functools.partial(loss, config=...): the traced values' config
+    pieces["loss"] = functools.partial(loss.func, *loss.args, config=pieces["config"])
+  return STEPS.get(step)(state, batch, Run(**pieces, horizon=horizon, seed=seed, hyper=hyper))
 
 
 def _augmented(ex: Examples, augment, targets=None):

@@ -71,6 +71,9 @@ class Training:
   warm_up: bool  # the compiled step and eval run once, results discarded, before the clock
   warm: dict | None  # what the state took from `init_from` (None: from scratch or resumed)
   steps_per_call: int = 1  # steps one call of the compiled program runs (a lax.scan)
+  # {field path: value}: the float fields the compiled step takes as an argument
+  # (optim.hyper_values): a run with other values loads it from the compilation cache
+  hyper: dict = dataclasses.field(default_factory=dict)
 
 
 def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Training:
@@ -122,6 +125,7 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
     config.warm_up,
     warm,
     config.steps_per_call,
+    optim.hyper_values(config),
   )
 
 
@@ -612,21 +616,37 @@ def compile_step(training: Training, rstate, first_batch, start_step: int = 0):
   ahead (or loaded from JAX's persistent cache); `step(state, batch)` returns (state, metrics),
   donates (consumes) the state passed in, and runs, call after call from `start_step`, the
   program for the step the state is at (`Training.later_steps`). What a run trains with, and
-  what the benchmarks time. The run's step count and (one seed) its seed are arguments: a
-  resume with more steps, or a run of another seed, loads the same program."""
+  what the benchmarks time. The run's step count, (one seed) its seed and its float fields
+  (`Training.hyper`) are arguments: a resume with more steps, or a run of another seed or
+  learning rate, loads the same program."""
   run = [np.int32(training.num_steps)]
   if len(training.seeds) == 1:  # several seeds: steps.seeded has each seed's keys in the program
     run.append(np.int32(training.seeds[0]))
+  run.append({path: np.float32(v) for path, v in training.hyper.items()})
   run = [replicate(x) for x in run]
   programs = [(0, training.train_step), *training.later_steps]
   programs = [(at, fn) for i, (at, fn) in enumerate(programs) if _runs(programs, i, start_step)]
   compiled = []
-  for at, train_step in programs:
-    if training.steps_per_call > 1:
-      train_step = _scanned(train_step, training.steps_per_call)
-    p_train_step = jax.pmap(train_step, axis_name=AXIS, donate_argnums=(0,))
-    compiled.append((at, p_train_step.lower(rstate, first_batch, *run).compile()))
+  try:
+    for at, train_step in programs:
+      if training.steps_per_call > 1:
+        train_step = _scanned(train_step, training.steps_per_call)
+      p_train_step = jax.pmap(train_step, axis_name=AXIS, donate_argnums=(0,))
+      compiled.append((at, p_train_step.lower(rstate, first_batch, *run).compile()))
+  except (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError):
+    if not training.hyper:
+      raise
+    if jax.process_index() == 0:  # a fork's part reads a float field in Python
+      print(HYPER_CONSTANT, flush=True)
+    return compile_step(dataclasses.replace(training, hyper={}), rstate, first_batch, start_step)
   return CompiledStep(compiled, run, start_step, training.steps_per_call), compiled[0][1]
+
+
+HYPER_CONSTANT = (
+  "note: a part of this run reads one of its float fields in Python (an `if` on it, or an "
+  "optax constructor that checks it), so the step takes them as constants: a run with other "
+  "values of them compiles its step anew (research/optim.py: hyper_values)"
+)
 
 
 def _scanned(train_step, k: int):

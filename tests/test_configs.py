@@ -197,8 +197,8 @@ def test_smoke_trains_end_to_end_and_learns(path, tmp_path, monkeypatch):
 def test_a_second_launch_loads_its_step_from_the_compilation_cache(tmp_path, capsys):
   """JAX's persistent compilation cache (the suite's, as launch.sh sets one for users): the
   same config's next launch loads its step instead of compiling it, and says so, also when it
-  trains more steps or another seed (the step takes the run's step count and seed as
-  arguments)."""
+  trains more steps, another seed, or other hyper-parameters (the step takes the run's step
+  count, its seed and its float fields as arguments), whose values it applies."""
   assert os.environ["JAX_COMPILATION_CACHE_DIR"]
   config = configuration.load("configs/cifar_vgg.py:smoke")
   config.num_train_steps = 2  # the step other tests compile too: cached now or after this run
@@ -211,4 +211,11 @@ def test_a_second_launch_loads_its_step_from_the_compilation_cache(tmp_path, cap
   assert final["step_from_cache"] is True
   assert "loaded the train step from the compilation cache in" in output
   config.seed = 7  # a run of another seed
-  assert train_and_evaluate(config, str(tmp_path / "seed7"))["step_from_cache"] is True
+  seed7 = train_and_evaluate(config, str(tmp_path / "seed7"))
+  assert seed7["step_from_cache"] is True
+  # another learning rate, weight decay and momentum: the same program, other updates
+  config.update(learning_rate=config.learning_rate * 3, weight_decay=1e-3, momentum=0.5)
+  other = train_and_evaluate(config, str(tmp_path / "hyper"))
+  assert other["step_from_cache"] is True and other["eval_loss"] != seed7["eval_loss"]
+  rate = lambda run: [r for r in _records(tmp_path / run) if "loss" in r][-1]["learning_rate"]
+  assert rate("hyper") == pytest.approx(3 * rate("seed7"))  # eval_loss: the same seed's run

@@ -386,3 +386,26 @@ def test_a_steps_per_call_that_splits_a_step_s_event_is_one_error_line(fields, m
   with pytest.raises(UserError, match=message) as error:
     setup(config)
   assert "\n" not in str(error.value)
+
+
+@losses.register("test_reads_a_float_in_python")
+def _reads_a_float_in_python(logits, targets, intermediates, config):
+  """A fork's loss that branches on a float field in Python: it cannot take it traced."""
+  smoothing = config.label_smoothing if config.label_smoothing > 0 else 0.0
+  return losses.cross_entropy(
+    logits, optax.smooth_labels(targets, smoothing), intermediates, config
+  )
+
+
+def test_a_part_that_reads_a_float_field_in_python_trains_with_the_fields_as_constants(
+  tmp_path, capsys
+):
+  """The float fields are arguments of the compiled step (optim.hyper_values); a fork's part
+  that branches on one in Python still trains, the fields as constants, and the run says so."""
+  config = configuration.load("configs/cifar_keras_cnn.py:smoke")
+  config.update(synthetic_train_size=64, synthetic_test_size=32, synthetic_image_size=16)
+  config.update(batch_size=16, eval_batch_size=16, num_train_steps=2, log_every_steps=1)
+  config.update(loss="test_reads_a_float_in_python", label_smoothing=0.1)
+  final = train.train_and_evaluate(config, str(tmp_path / "run"))
+  assert final["step"] == 2 and np.isfinite(final["eval_loss"])
+  assert train.HYPER_CONSTANT in capsys.readouterr().out
