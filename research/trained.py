@@ -47,7 +47,7 @@ from research import checkpoint, configuration, environment, models, steps, vali
 from research import inputs as inputs_lib
 from research import seeds as seeds_lib
 from research import workdir as workdir_lib
-from research.data import folder
+from research.data import DATASETS, folder
 from research.errors import EXIT_USER_ERROR, UserError, exit_interrupted
 from research.metrics import eval_record, format_eval_line
 from research.placement import replicate
@@ -362,7 +362,11 @@ def check_warm_start(config, augment, model) -> Source:
   saved = _source_seed(config, workdir, saved)
   saved = {**saved, "params": used_params(saved)}  # the EMA's weights, where the run kept one
   size = stored_size(config)  # the model's input is made from stored examples of this side
-  example = jax.ShapeDtypeStruct((1, size, size, 3), jnp.uint8)
+  shape = (size, size, 3)
+  recorded = workdir_lib.last_recorded(workdir, "example_shape")
+  if recorded and config.dataset in DATASETS.parts:  # arrays not loaded yet: the source's shape
+    shape = tuple(recorded)
+  example = jax.ShapeDtypeStruct((1, *shape), jnp.uint8)
   images = jax.eval_shape(augment, jax.random.key(0), example)
   init = lambda x: model.init(jax.random.key(0), x, **models.mode(model, False))
   shapes = jax.eval_shape(init, images)

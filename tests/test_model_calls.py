@@ -101,6 +101,10 @@ def test_the_guide_s_nnx_cnn_trains_on_one_channel_images_evaluates_predicts_and
     np.testing.assert_allclose(run.predict([str(tmp_path / file)]), expected, rtol=1e-5, atol=1e-6)
   (row,) = trained.predict(tmp_path / "run", [tmp_path / "spot.png"])
   assert row["classes"] == [run.classes[int(expected.argmax())]]
+  # fine-tuned from it: its one-channel weights are taken (init_from), and it trains on
+  config.update(init_from=str(tmp_path / "run"), num_train_steps=4)
+  tuned = train_and_evaluate(config, str(tmp_path / "tuned"))
+  assert tuned["init_from"]["fresh"] == [] and tuned["init_from"]["taken"] > 0  # every array
 
 
 def test_the_mode_keyword_follows_the_model_s_call():
