@@ -103,7 +103,13 @@ def learning_rate_schedule(
   peak = fields.learning_rate if fields is not config and nonzero(fields.learning_rate) else scaled
   warmup = int(fields.warmup_epochs * steps_per_epoch)
   decay_steps = jnp.maximum(1, num_steps - warmup) if traced(fields) else max(1, num_steps - warmup)
-  decay = schedules.SCHEDULES.get(fields.schedule)(peak, decay_steps, steps_per_epoch, fields)
+  try:
+    decay = schedules.SCHEDULES.get(fields.schedule)(peak, decay_steps, steps_per_epoch, fields)
+  except ValueError as e:  # optax's constructors check their numbers: the run's, not a bug
+    raise UserError(
+      f"schedule={fields.schedule!r} refuses this run's numbers ({e}); the run has {num_steps} "
+      "steps: train longer, or give the schedule numbers that fit"
+    ) from None
   if not warmup:
     return decay
   return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), decay], [warmup])

@@ -13,11 +13,13 @@ import jax
 import ml_collections
 import numpy as np
 import optax
+import pytest
 from PIL import Image
 
 from research import augment, configuration, losses, models, steps
+from research.errors import UserError
 from research.placement import first_replica, replicate
-from research.train import train_and_evaluate
+from research.train import setup, train_and_evaluate
 from tests import guide
 
 ROOT = Path(__file__).parent.parent
@@ -184,3 +186,15 @@ def test_the_logged_learning_rate_is_the_one_applied_under_the_guide_s_schedule(
   np.testing.assert_allclose(applied, logged, rtol=1e-4, atol=1e-6)
   expected = optax.warmup_cosine_decay_schedule(0.0, 0.5, 4, 12)(np.arange(12))
   np.testing.assert_allclose(logged, expected, rtol=1e-6)  # told the length the epochs set
+
+
+def test_a_schedule_that_refuses_the_run_s_length_is_one_error_line(tmp_path, guide_module):
+  """The guide's warm-up + cosine (optax's constructor) over a run no longer than its warm-up:
+  optax's ValueError becomes one error line, from setup, which writes nothing."""
+  guide_module("myexp/parts.py")
+  config = guide_module("myexp/config.py").get_config("spots")
+  config.modules, config.num_train_steps = (), 2  # its warm-up: 2 steps
+  guide_module("myexp/spots.py")
+  with pytest.raises(UserError, match=r"schedule='warmup_cosine' refuses this run's numbers") as e:
+    setup(config)
+  assert "\n" not in str(e.value)
