@@ -207,13 +207,17 @@ def with_forms(*forms: str):
     _on.update(before)
 
 
+def _tiles(x, window: int):
+  """x [B, H, W, C] as its whole windows [B, Ho, window, Wo, window, C] (a remainder dropped)."""
+  b, h, w, c = x.shape
+  ho, wo = h // window, w // window
+  return x[:, : ho * window, : wo * window].reshape(b, ho, window, wo, window, c)
+
+
 def _windows_max(x, window: int):
   """The max-pool's forward as a reshape and a max over each window's axes (no reduce-window):
   the same values, exactly."""
-  b, h, w, c = x.shape
-  ho, wo = h // window, w // window
-  tiles = x[:, : ho * window, : wo * window].reshape(b, ho, window, wo, window, c)
-  return jnp.max(tiles, axis=(2, 4))
+  return jnp.max(_tiles(x, window), axis=(2, 4))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
@@ -233,8 +237,7 @@ def _max_pool_bwd(window, reshaped, x, g):
   and round apart) are compared for equality."""
   del reshaped  # the forward's form: the same values either way
   b, ho, wo, c = g.shape  # x: [B, H, W, C]
-  tiles = x[:, : ho * window, : wo * window].reshape(b, ho, window, wo, window, c)
-  flat = tiles.transpose(0, 1, 3, 2, 4, 5).reshape(b, ho, wo, window * window, c)
+  flat = _tiles(x, window).transpose(0, 1, 3, 2, 4, 5).reshape(b, ho, wo, window * window, c)
   first = jnp.argmax(flat, axis=3)  # [B, Ho, Wo, C]
   taps = lax.broadcasted_iota(first.dtype, flat.shape, 3)
   tiles_grad = jnp.where(

@@ -301,12 +301,11 @@ def _transforms(fields, schedule, steps, mask=None) -> list[optax.GradientTransf
   """The optimizer `fields.optimizer` names (given the run's `steps` where registered with
   steps=True), after `fields.weight_decay` (L2, added to the gradient; on `mask`'s
   parameters) unless it decays weights itself."""
-  make = OPTIMIZERS.get(fields.optimizer)
-  takes_steps = OPTIMIZERS.options[fields.optimizer].get("steps")
-  transforms = [make(schedule, fields, steps=steps) if takes_steps else make(schedule, fields)]
-  if nonzero(fields.weight_decay) and not OPTIMIZERS.options[fields.optimizer].get(
-    "decays_weights"
-  ):
+  make, options = OPTIMIZERS.get(fields.optimizer), OPTIMIZERS.options[fields.optimizer]
+  transforms = [
+    make(schedule, fields, steps=steps) if options.get("steps") else make(schedule, fields)
+  ]
+  if nonzero(fields.weight_decay) and not options.get("decays_weights"):
     transforms.insert(0, optax.add_decayed_weights(fields.weight_decay, mask=mask))
   return transforms
 

@@ -98,10 +98,9 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
   state, warm = _first_state(config, model, inputs, checked.augment, tx, source)
   train_step, micro_batch = build_step(config, checked, inputs, state)
   switches = steps.STEPS.options[config.step].get("optimizer_only")  # steps.register
+  frozen = optim.frozen_from(config, checked.groups, num_steps) if switches else {}
   later_steps = tuple(  # once a group's learning rate stays 0, a step without its gradient
-    (at, build_step(config, checked, inputs, state, names)[0])
-    for at, names in optim.frozen_from(config, checked.groups, num_steps).items()
-    if switches
+    (at, build_step(config, checked, inputs, state, names)[0]) for at, names in frozen.items()
   )
   eval_every = every_steps(config.eval_every_steps, config.eval_every_epochs, per_epoch)
   checkpoint_every = every_steps(
@@ -672,7 +671,7 @@ class CompiledStep:
   by the `steps` one call runs."""
 
   programs: list
-  run: list  # the arguments after (state, batch): the run's step count, its seed
+  run: list  # the arguments after (state, batch): the run's step count, its seed, its floats
   at: int
   steps: int = 1
 

@@ -75,7 +75,8 @@ def summary(trace: dict) -> dict:
     )
   by_kind: dict[str, float] = {}
   for start, end, name in spans:
-    by_kind[kind(name)] = by_kind.get(kind(name), 0.0) + (end - start) / 1e3
+    which = kind(name)
+    by_kind[which] = by_kind.get(which, 0.0) + (end - start) / 1e3
   busy, reach = 0.0, spans[0][0]  # the union of the kernels' intervals, streams overlapping
   for start, end, _ in spans:
     busy += max(0.0, end - max(start, reach))
