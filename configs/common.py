@@ -14,11 +14,16 @@ def training_defaults() -> ml_collections.ConfigDict:
   c.modules = ()
   c.seed = 0  # parameters, data order and augmentation: functions of (seed, step, device count)
   # Seeds trained at once, in one program: seed, seed + 1, ..., each as its single run would
-  # train, their results reported one by one and as mean ± std (docs/seeds.md)
+  # train, their results reported one by one and as mean ± std (docs/sweeps.md)
   c.seeds = 1
-  # How a step runs its seeds: "unroll", each seed's step traced apart in the one program (the
-  # single step's kernels; a compile that grows with the seeds); "vmap", one batched
-  # computation (batched convolutions, slower on the CPU and the GPU measured: BENCHMARKS.md)
+  # Float fields swept in one program, each point (times each seed) trained as its single run
+  # would: "FIELD=V1,V2,...", fields apart by ";" for their grid, e.g.
+  # "learning_rate=0.01,0.03,0.1;weight_decay=0,5e-4" or "param_groups.filters.momentum=0.8,0.9"
+  # (docs/sweeps.md); "" = one run
+  c.sweep = ""
+  # How a step runs its points (seeds, a sweep's): "unroll", each point's step traced apart in
+  # the one program (the single step's kernels; a compile that grows with the points); "vmap",
+  # one batched computation (batched convolutions, slower on the CPU and the GPU measured)
   c.seeds_mode = "unroll"
 
   # Data.
@@ -104,6 +109,7 @@ def training_defaults() -> ml_collections.ConfigDict:
   c.init_from = ""
   c.init_from_step = 0  # 0: the newest
   c.init_from_seed = -1  # a run of several seeds (seeds > 1): the seed to start from
+  c.init_from_point = ""  # a sweep: its point's label to start from ("" = its best point)
 
   # Logging and evaluation.
   # Eval metrics besides loss and accuracy, registered (research/metrics.py): a fork's, e.g.

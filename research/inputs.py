@@ -27,7 +27,7 @@ from jax import lax
 
 from research import data as data_lib
 from research import environment, steps
-from research import seeds as seeds_lib
+from research import sweep as sweep_lib
 from research.data import (
   STREAMED,
   ImageDataset,
@@ -65,9 +65,9 @@ class Inputs:
   compile_evals: Callable[[object, tuple], None] | None = None
   # (n, seed) -> n training images, uint8: a random sample fixed by the seed, the same every call
   first_images: Callable[[int, int], np.ndarray] | None = None
-  # config.seeds > 1: the vmap in_axes of a batch over the seeds (0: one part per seed, None:
-  # shared by all), as steps.seeded takes it; None for one seed
-  seed_axes: object = None
+  # several points (seeds, a sweep): the vmap in_axes of a batch over the points (0: one part
+  # per point, None: shared by all), as sweep.each_point takes it; None for one run
+  point_axes: object = None
   skipped_files: Callable[[], list[str]] = lambda: []  # undecodable files skipped so far
   passed_over: tuple = ()  # image folders: hidden files and non-images, relative paths
   summary: str = ""  # image folders: what was found and left out, in one line
@@ -87,10 +87,10 @@ def make(config, *, per_device_batch, augment, preprocess, shuffle_key, step_key
     fits = folder.fits_on_devices(scanned, config.resident_max_gb, config.host_image_size)
     placement = "resident" if fits else "streamed"
   if config.dataset in STREAMED or (scanned is not None and placement == "streamed"):
-    if config.seeds > 1:
+    if len(sweep_lib.points_of(config)) > 1:
       raise UserError(
-        f"seeds={config.seeds} trains its seeds on one resident copy of the data, and "
-        f"{config.dataset} streams; train one seed per launch (--config.seed=N)"
+        f"{_points(config)} train on one resident copy of the data, and {config.dataset} "
+        "streams; train one run per launch (--config.seed=N, --config.FIELD=VALUE)"
       )
     for field, pipeline in (("augment", augment), ("eval_preprocess", preprocess)):
       if not pipeline.windowed:  # streamed images are padded squares
@@ -171,6 +171,12 @@ def global_batches(config, n_examples: int) -> int:
 
 
 # --- resident: the whole split on the devices -------------------------------------------------
+
+
+def _points(config) -> str:
+  """`4 seeds`, or `6 points of a sweep`: the runs of `config` in one program, in words."""
+  n = len(sweep_lib.points_of(config))
+  return f"{n} points of a sweep" if sweep_lib.sweeps_fields(config) else f"{n} seeds"
 
 
 def shard_rows(seed: int, n_examples: int) -> np.ndarray:
@@ -285,7 +291,8 @@ def resident(
     skipped_files=lambda: list(data.skipped_files),
     layout=train.layout,
     order_per_device=train.sharded,
-    seed_axes=(None, 0) if config.seeds > 1 else None,  # (the data, each seed's order)
+    # (the data, each point's order)
+    point_axes=(None, 0) if len(sweep_lib.points_of(config)) > 1 else None,
   )
 
 
@@ -307,11 +314,12 @@ def _resident_train(config, data: ImageDataset, per_device_batch: int, shuffle_k
   train = (data.train_images, data.train_labels)
   local_devices = jax.process_index() * n_local + np.arange(n_local)
   sharded = sum(a.nbytes for a in train) > config.replicate_max_gb * 2**30
-  if sharded and config.seeds > 1:
+  seeds = sweep_lib.seeds_of(config)  # each point's: a seed repeats across a sweep's values
+  if sharded and len(seeds) > 1:
     raise UserError(
-      f"seeds={config.seeds} needs the training split whole on every device, and it is larger "
-      f"than replicate_max_gb={config.replicate_max_gb}; raise replicate_max_gb if the devices "
-      "hold it, or train one seed per launch (--config.seed=N)"
+      f"{_points(config)} need the training split whole on every device, and it is larger than "
+      f"replicate_max_gb={config.replicate_max_gb}; raise replicate_max_gb if the devices hold "
+      "it, or train one run per launch (--config.seed=N, --config.FIELD=VALUE)"
     )
   if sharded:
     shard_size = check_shard(config, n_examples, n_devices, per_device_batch)
@@ -338,11 +346,11 @@ def _resident_train(config, data: ImageDataset, per_device_batch: int, shuffle_k
       in_order(epoch, shuffle_key=key), devices=local_devices, n_devices=n_devices
     )
     layout = "training split whole on every device: the same batches on any device count"
-  if config.seeds > 1:  # each seed its own order: [local devices, seeds, steps * per device]
-    keys = jnp.stack([steps.run_keys(seed)[1] for seed in seeds_lib.seeds_of(config)])
+  if len(seeds) > 1:  # each point its seed's order: [local devices, points, steps * per device]
+    keys = jnp.stack([steps.run_keys(seed)[1] for seed in seeds])
     one_order = order_of
     order_of = lambda epoch: jnp.moveaxis(jax.vmap(lambda k: one_order(epoch, k))(keys), 0, 1)
-    layout += f"; {config.seeds} seeds, each in its own order"
+    layout += f"; {_points(config)}, each in its seed's order"
   return _Train(rows, steps_per_epoch, jax.jit(order_of), sharded, layout)
 
 
@@ -361,7 +369,7 @@ def _resident_evals(config, data: ImageDataset, preprocess) -> tuple[Callable, C
       per_device_batch=eval_batch,
       metrics=tuple(config.eval_metrics),
     )
-    return jax.vmap(fn, in_axes=(0, None)) if config.seeds > 1 else fn
+    return jax.vmap(fn, in_axes=(0, None)) if len(sweep_lib.points_of(config)) > 1 else fn
 
   p_evals = eval_programs(preprocess, lambda pipeline: jax.pmap(eval_fn(pipeline), axis_name=AXIS))
 

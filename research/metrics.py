@@ -31,7 +31,10 @@ TRAIN_SCALARS = (
   "param_norm",
   "grad_norm",
 )
-RECORD_KEYS = ("step", "elapsed_sec", "eta_sec", "per_seed", "dataset_used", "time")
+RECORD_KEYS = (
+  "step", "elapsed_sec", "eta_sec", "per_seed", "per_point", "best_point", "diverged",
+  "dataset_used", "time",
+)  # fmt: skip
 
 
 def step_metrics(record: dict) -> list[str]:
@@ -53,20 +56,50 @@ def duration(seconds: float) -> str:
   return (f"{days}d " if days else "") + f"{hours}:{minutes:02d}:{sec:02d}"
 
 
-def per_seed(values: dict, seeds) -> dict:
-  """What a record of several seeds (`config.seeds` > 1) adds to their means: each value's
-  standard deviation over the seeds (`NAME_std`, n - 1 in the denominator) and, under
-  `per_seed`, the seeds and each seed's values in that order."""
+def per_point(values: dict, columns: dict) -> dict:
+  """A record of several points (research/sweep.py): each value's mean and standard deviation
+  (`NAME`, `NAME_std`, n - 1 in the denominator) over the points whose values are finite, and
+  each point's values in the order of `columns` (sweep.columns), under `per_seed` for a run of
+  seeds; under `per_point` for a sweep, with `best_point`: the highest eval accuracy's (an eval
+  record), else the lowest loss's."""
   values = {name: np.asarray(v, np.float64) for name, v in values.items()}
-  added = {f"{name}_std": float(np.std(v, ddof=1)) for name, v in values.items()}
-  added["per_seed"] = {"seed": list(seeds), **{name: v.tolist() for name, v in values.items()}}
-  return added
+  live = np.all([np.isfinite(v) for v in values.values()], 0)
+  live = live if live.any() else np.ones_like(live)  # none finite: the means say so
+  added = {name: float(np.mean(v[live])) for name, v in values.items()}
+  added |= {f"{name}_std": float(np.std(v[live], ddof=1)) if live.sum() > 1 else 0.0
+            for name, v in values.items()}  # fmt: skip
+  each = {name: v.tolist() for name, v in values.items()}
+  if "point" not in columns:
+    return added | {"per_seed": {**columns, **each}}
+  score = values["eval_accuracy"] if "eval_accuracy" in values else -values["loss"]
+  best = int(np.argmax(np.where(live, score, -np.inf)))
+  return added | {"per_point": {**columns, **each}, "best_point": columns["point"][best]}
 
 
 def _spread(record: dict, name: str, digits: int) -> str:
-  """`0.1234`, or `0.1234 ± 0.0056` for a record of several seeds."""
+  """`0.1234`; `0.1234 ± 0.0056` for a record of several seeds; for a sweep's, the best point's
+  value and the range over the points: `0.1234 [0.1100, 0.1300]`."""
   std = record.get(f"{name}_std")
+  if "per_point" in record:
+    each = record["per_point"]
+    values = [v for v, live in zip(each[name], _live(each), strict=True) if live] or each[name]
+    best = each[name][each["point"].index(record["best_point"])]
+    return f"{best:.{digits}f} [{min(values):.{digits}f}, {max(values):.{digits}f}]"
   return f"{record[name]:.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else "")
+
+
+def _live(each: dict) -> list[bool]:
+  """Which points of a record's `per_point` have every value finite (not diverged)."""
+  numbers = [v for k, v in each.items() if k not in ("point", "seed", "swept")]
+  return np.all(np.isfinite(np.asarray(numbers, np.float64)), 0).tolist()
+
+
+def _best(record: dict) -> str:
+  """What a sweep's line says of its values (`_spread`), else ""."""
+  if "per_point" not in record:
+    return ""
+  n = len(record["per_point"]["point"])
+  return f"; values of the best point ({record['best_point']} of {n}), [the points' range]"
 
 
 def format_train_line(record: dict) -> str:
@@ -79,13 +112,15 @@ def format_train_line(record: dict) -> str:
     f"{100 * record['input_wait_fraction']:.1f}%,"
     f" elapsed {duration(record['elapsed_sec'])}, ETA {duration(record['eta_sec'])}"
     + "".join(f", {name} {_spread(record, name, 4)}" for name in step_metrics(record))
+    + _best(record)
   )
 
 
-def eval_record(step: int, totals: dict, seeds=()) -> dict:
+def eval_record(step: int, totals: dict, columns=None) -> dict:
   """The eval record of `totals` (steps.eval_sums summed over the test split). Its loss is
   cross-entropy whatever loss the run trains by (`config.loss`, its train records' `loss`).
-  Totals of several `seeds` (one value per seed): their means, and `per_seed`."""
+  Totals of several points (one value per point, named by `columns`, sweep.columns): their
+  means, and each point's (`per_point`)."""
   count = np.asarray(totals["count"], np.float64)
   values = {
     "eval_loss": np.asarray(totals["loss_sum"]) / count,
@@ -100,14 +135,14 @@ def eval_record(step: int, totals: dict, seeds=()) -> dict:
     "eval_loss": float(np.mean(values["eval_loss"])),
     "eval_loss_kind": "cross_entropy",
     "eval_accuracy": float(np.mean(values["eval_accuracy"])),
-    "eval_examples": int(count.reshape(-1)[0]),  # every seed counts the same examples
+    "eval_examples": int(count.reshape(-1)[0]),  # every point counts the same examples
   }
   if "eval_accuracy_first_view" in values:
     record["eval_accuracy_first_view"] = float(np.mean(values["eval_accuracy_first_view"]))
   for name in eval_metric_names(totals):
     record[f"eval_{name}"] = float(np.mean(values[f"eval_{name}"]))
   if count.ndim:
-    record.update(per_seed(values, seeds))
+    record.update(per_point(values, columns))
   return record
 
 
@@ -124,8 +159,9 @@ def _added_eval_metrics(record: dict) -> list[str]:
 def format_eval_line(record: dict) -> str:
   views = record.get("eval_accuracy_first_view")
   seeds = record.get("per_seed", {}).get("eval_accuracy")
+  of = f" of point {record['point']}" if "point" in record else ""  # `eval --point=`
   return (
-    f"eval at step {record['step']}: loss = {_spread(record, 'eval_loss', 4)}, "
+    f"eval{of} at step {record['step']}: loss = {_spread(record, 'eval_loss', 4)}, "
     f"accuracy = {_spread(record, 'eval_accuracy', 4)}"
     + (f" with test-time augmentation ({views:.4f} without)" if views is not None else "")
     + "".join(
@@ -133,6 +169,7 @@ def format_eval_line(record: dict) -> str:
     )
     + f" over {record['eval_examples']} examples"
     + (f" (each seed: {', '.join(f'{a:.4f}' for a in seeds)})" if seeds else "")
+    + _best(record)
   )
 
 
@@ -162,10 +199,15 @@ class MetricsLog:
     self.enabled = enabled
     self.echo = echo
     self.writer = None
+    self.point_writers = {}  # a sweep's: {label: the writer of its own run}
     if enabled:
-      from tensorboardX import SummaryWriter  # imported only where it writes
+      self.writer = self._writer(self.workdir / "tensorboard")
 
-      self.writer = SummaryWriter(str(self.workdir / "tensorboard"), flush_secs=30)
+  @staticmethod
+  def _writer(directory: Path):
+    from tensorboardX import SummaryWriter  # imported only where it writes
+
+    return SummaryWriter(str(directory), flush_secs=30)
 
   def _append(self, record: dict) -> None:
     record = {**record, "dataset_used": self.dataset_used, "time": time.time()}
@@ -189,17 +231,39 @@ class MetricsLog:
     for name in ("eval_loss", "eval_accuracy", *_added_eval_metrics(record)):
       self.writer.add_scalar(f"eval/{name.removeprefix('eval_')}", record[name], record["step"])
     self._per_seed("eval", record)
-    self.writer.flush()
+    for writer in (self.writer, *self.point_writers.values()):
+      writer.flush()
 
   def _per_seed(self, group: str, record: dict) -> None:
-    """Each seed's values of a record of several seeds, tagged `GROUP/NAME/seed_N`."""
-    seeds = record.get("per_seed", {})
+    """Each point's values of a record of several: a run of seeds' tagged `GROUP/NAME/seed_N`;
+    a sweep's point's as a single run's, in a TensorBoard run of its own
+    (WORKDIR/tensorboard/LABEL), so that the points' curves overlay."""
+    seeds, points = record.get("per_seed", {}), record.get("per_point", {})
     for name, values in seeds.items():
       if name == "seed":
         continue
       for seed, value in zip(seeds["seed"], values, strict=True):
         tag = f"{group}/{name.removeprefix('eval_')}/seed_{seed}"
         self.writer.add_scalar(tag, value, record["step"])
+    names = [n for n in points if n in record]  # the metrics, not the columns
+    for i, label in enumerate(points.get("point", ())):
+      if not _live(points)[i]:  # diverged: its NaN would only warn
+        continue
+      if label not in self.point_writers:
+        self.point_writers[label] = self._writer(self.workdir / "tensorboard" / label)
+      for name in names:
+        tag = f"{group}/{name.removeprefix('eval_')}"
+        self.point_writers[label].add_scalar(tag, points[name][i], record["step"])
+
+  def sweep(self, final: dict) -> None:
+    """A sweep's end: its points sorted by the final eval (`sweep_table`) and WORKDIR/sweep.png
+    (`plot_sweep`, from metrics.jsonl's train records)."""
+    if not self.enabled:
+      return
+    self.echo(sweep_table(final))
+    lines = (self.workdir / "metrics.jsonl").read_text().splitlines()
+    plot_sweep([json.loads(line) for line in lines], final, self.workdir / "sweep.png")
+    self.echo(f"wrote {self.workdir / 'sweep.png'}: accuracy against the swept values, the losses")
 
   def images(self, tag: str, images: np.ndarray, step: int) -> None:
     """Writes a grid of `images` [N, H, W, C] to TensorBoard and to WORKDIR/<tag>.png."""
@@ -212,5 +276,64 @@ class MetricsLog:
     ).save(self.workdir / f"{tag}.png")
 
   def close(self) -> None:
-    if self.writer:
-      self.writer.close()
+    for writer in (self.writer, *self.point_writers.values()):
+      if writer:
+        writer.close()
+
+
+def sweep_table(final: dict) -> str:
+  """A sweep's points sorted by their final eval accuracy, the diverged ones last, and which
+  point `eval`, `predict`, `trained.load` and `init_from` take by default."""
+  each, diverged = final["per_point"], final.get("diverged", {})
+  order = sorted(
+    range(len(each["point"])),
+    key=lambda i: (each["point"][i] in diverged, -np.nan_to_num(each["eval_accuracy"][i], nan=-1)),
+  )
+  width = max(len(label) for label in each["point"])
+  lines = [f"the sweep's {len(order)} points by final eval accuracy:"]
+  for rank, i in enumerate(order, 1):
+    label = each["point"][i]
+    said = f"accuracy {each['eval_accuracy'][i]:.4f}, loss {each['eval_loss'][i]:.4f}"
+    if label in diverged:
+      said = f"diverged by step {diverged[label]}"
+    lines.append(f"  {rank:2d}. {label:{width}}  {said}")
+  lines.append(
+    f"best: {final['best_point']} (eval, predict, trained.load and init_from take it unless "
+    "--point=LABEL, point=, init_from_point= names another)"
+  )
+  return "\n".join(lines)
+
+
+def plot_sweep(records: list[dict], final: dict, path: Path) -> None:
+  """WORKDIR/sweep.png: the final eval accuracy against each swept field's values (a dot a
+  point, a line through each value's mean over the seeds), and every point's training loss."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  each = final["per_point"]
+  swept = each["swept"]
+  fig, axes = plt.subplots(1, len(swept) + 1, figsize=(5.5 * (len(swept) + 1), 4.2), squeeze=False)
+  accuracy = np.asarray(each["eval_accuracy"], np.float64)
+  for ax, (field, values) in zip(axes[0], swept.items(), strict=False):
+    values = np.asarray(values, np.float64)
+    ax.scatter(values, accuracy, color="tab:blue", alpha=0.6)
+    xs = sorted(set(values.tolist()))
+    ax.plot(xs, [np.nanmean(accuracy[values == x]) for x in xs], color="tab:blue")
+    if min(xs) > 0 and max(xs) / min(xs) >= 10:
+      ax.set_xscale("log")
+    ax.set(xlabel=field, ylabel="final eval accuracy", title=f"accuracy against {field}")
+    ax.grid(alpha=0.3)
+  ax = axes[0][-1]
+  curves = [r for r in records if r.get("per_point", {}).get("point") == each["point"]]
+  curves = [r for r in curves if "loss" in r["per_point"]]  # train records
+  for i, label in enumerate(each["point"]):
+    ax.plot([r["step"] for r in curves], [r["per_point"]["loss"][i] for r in curves], label=label)
+  ax.set(xlabel="step", ylabel="training loss", title="each point's training loss")
+  ax.set_yscale("log")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)

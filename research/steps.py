@@ -21,7 +21,7 @@ from flax.training import train_state
 from jax import lax
 
 from research import models, optim
-from research import seeds as seeds_lib
+from research import sweep as sweep_lib
 from research.errors import UserError
 from research.metrics import EVAL_METRICS
 from research.placement import AXIS  # the one pmap axis, 'batch'
@@ -422,4 +422,4 @@ def create_train_state(rng, config, model, image_shape, tx, seeds=None) -> Train
 
   if seeds is None:
     return state(rng)
-  return seeds_lib.stack([state(run_keys(seed)[0]) for seed in seeds])
+  return sweep_lib.stack([state(run_keys(seed)[0]) for seed in seeds])

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import flax
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import tqdm
@@ -32,7 +33,7 @@ from research import checkpoint, losses, models, optim, steps, trained, validate
 from research import data as data_lib
 from research import inputs as inputs_lib
 from research import metrics as metrics_lib
-from research import seeds as seeds_lib
+from research import sweep as sweep_lib
 from research import workdir as workdir_lib
 from research.errors import UserError
 from research.inputs import Inputs
@@ -47,15 +48,19 @@ class Training:
   """Everything a run needs before its first step; `setup` builds each part once."""
 
   inputs: Inputs
-  seeds: tuple  # the seeds trained in one program: config.seed, config.seed + 1, ...
-  # unreplicated, on the host: checkpoints and logging use this copy; with several seeds,
-  # every leaf has a leading seed axis
+  # the runs trained in one program (research/sweep.py): each point's seed (config.seed,
+  # config.seed + 1, ...; repeated across a sweep's values), and what its records name each
+  # point by (sweep.columns; {} for one run)
+  seeds: tuple
+  columns: dict
+  # unreplicated, on the host: checkpoints and logging use this copy; with several points,
+  # every leaf has a leading point axis
   state: TrainState
   from_data: "FromData | None"  # state -> state with the parameters the model takes from data
-  # steps.train_step for ONE device, all but (state, batch, horizon, seed) bound (several
-  # seeds: steps.seeded, without a seed); without a horizon its schedules end at num_steps,
-  # without a seed its keys are the config's seed's: constants of the program. Traced, a model
-  # that names an axis the step lacks is a user error (steps.axis_checked).
+  # steps.train_step for ONE device, all but (state, batch, horizon, seed, hyper) bound
+  # (several points: sweep.each_point, without a seed); without a horizon its schedules end
+  # at num_steps, without a seed its keys are the config's seed's: constants of the program.
+  # Traced, a model that names an axis the step lacks is a user error (steps.axis_checked).
   train_step: Callable
   # [(step count, train_step)]: from that step on, the step that no longer differentiates the
   # parameter groups whose learning rate stays 0 from there (optim.frozen_from): the same
@@ -81,12 +86,14 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
   `warm_start`: the state starts from `config.init_from`'s checkpoint (checked before any data
   is loaded)."""
   checked = validate.train_config(config, jax.device_count())  # before any data is loaded
+  hyper = sweep_lib.hyper(config)  # the values each point takes, arguments of the step
+  config = sweep_lib.structure(config)  # a sweep's program: every transformation it needs
   model = models.create(config.model, AXIS)
   known = data_lib.DATASETS.parts.get(config.dataset) is None  # its image size: from the config
   if known:  # before any image is decoded
     _check_outputs(config, model, checked.augment, (*[trained.stored_size(config)] * 2, 3))
   source = trained.check_warm_start(config, checked.augment, model) if warm_start else None
-  seeds = seeds_lib.seeds_of(config)
+  seeds = sweep_lib.seeds_of(config)
   inputs = inputs_lib.for_run(config, checked)
   if not known:  # a registered dataset's arrays, loaded
     _check_outputs(config, model, checked.augment, inputs.example_shape)
@@ -110,12 +117,13 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
   return Training(
     inputs,
     seeds,
+    sweep_lib.columns(config) if len(seeds) > 1 else {},
     state,
     _from_data(config, inputs, checked.eval_preprocess.first_view, seeds),
     train_step,
     later_steps,
     checked.augment,
-    optim.logged_schedules(config, per_epoch, num_steps, checked.groups),
+    _logged_schedules(config, per_epoch, num_steps, checked.groups),
     num_steps,
     checked.per_device_batch,
     micro_batch,
@@ -124,8 +132,20 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
     config.warm_up,
     warm,
     config.steps_per_call,
-    optim.hyper_values(config),
+    hyper,
   )
+
+
+def _logged_schedules(config, per_epoch: int, num_steps: int, groups: dict) -> dict:
+  """{record field: step -> the learning rate the optimizer applies} (optim.logged_schedules);
+  in a sweep, each point's [points], as its single run logs it."""
+  if not sweep_lib.sweeps_fields(config):
+    return optim.logged_schedules(config, per_epoch, num_steps, groups)
+  each = []
+  for point in sweep_lib.points_of(config):
+    single = sweep_lib.point_config(config, point)
+    each.append(optim.logged_schedules(single, per_epoch, num_steps, optim.group_fields(single)))
+  return {name: lambda step, n=name: jnp.stack([s[n](step) for s in each]) for name in each[0]}
 
 
 def _check_steps_per_call(config, inputs: Inputs, num_steps: int, *periods: int) -> None:
@@ -158,28 +178,28 @@ def _check_steps_per_call(config, inputs: Inputs, num_steps: int, *periods: int)
 
 def _first_state(config, model, inputs: Inputs, augment, tx, source) -> tuple:
   """(the run's initial state on the host, what it took from `init_from`'s `source` or None):
-  with several seeds, each seed's state stacked along a leading axis, each seed taking
-  init_from's weights as its single run would."""
+  with several points, each point's state (its seed's) stacked along a leading axis, each
+  taking init_from's weights as its single run would."""
   init_key = steps.run_keys(config.seed)[0]
   model_input = _model_input(augment, inputs.example_shape)
-  seeds = seeds_lib.seeds_of(config)
+  seeds = sweep_lib.seeds_of(config)
   several = seeds if len(seeds) > 1 else None
   # tx.init labels the parameters: a parameter group that matches none is an error here
   state = create_train_state(init_key, config, model, model_input.shape[1:], tx, several)
-  states = seeds_lib.unstack(state, len(seeds)) if several else [state]
+  states = sweep_lib.unstack(state, len(seeds)) if several else [state]
   warmed = [trained.warm_start(s, source) for s in states]
-  state = seeds_lib.stack([s for s, _ in warmed]) if several else warmed[0][0]
+  state = sweep_lib.stack([s for s, _ in warmed]) if several else warmed[0][0]
   return state, warmed[0][1]
 
 
 def build_step(config, checked, inputs: Inputs, state, also_frozen=()) -> tuple[Callable, int]:
   """(the run's train step for ONE device, its micro-batch): the registered step config.step
-  names, given the run's pieces (steps.Run), all but (state, batch, horizon, seed) bound
-  (several seeds: seeds.seeded, without a seed); traced, a model that names an axis the step
+  names, given the run's pieces (steps.Run), all but (state, batch, horizon, seed, hyper) bound
+  (several points: sweep.each_point, without a seed); traced, a model that names an axis the step
   lacks is a user error (steps.axis_checked). `also_frozen`: parameter groups it does not
   differentiate besides those frozen for the whole run (optim.frozen_from)."""
-  seeds = seeds_lib.seeds_of(config)
-  one = seeds_lib.unstack(state, len(seeds))[0] if len(seeds) > 1 else state  # the shapes
+  seeds = sweep_lib.seeds_of(config)
+  one = sweep_lib.unstack(state, len(seeds))[0] if len(seeds) > 1 else state  # the shapes
   micro_batch = steps.micro_batch_size(
     config.micro_batch_size,
     checked.per_device_batch,
@@ -199,8 +219,8 @@ def build_step(config, checked, inputs: Inputs, state, also_frozen=()) -> tuple[
     frozen=optim.frozen_mask(config, one.params, checked.groups, also_frozen),
   )
   if len(seeds) > 1:
-    vectorized = config.seeds_mode == "vmap"
-    train_step = seeds_lib.seeded(train_step, seeds, inputs.seed_axes, vectorized=vectorized)
+    points, vectorized = sweep_lib.points_of(config), config.seeds_mode == "vmap"
+    train_step = sweep_lib.each_point(train_step, points, inputs.point_axes, vectorized=vectorized)
   return steps.axis_checked(train_step, config.model.name), micro_batch
 
 
@@ -272,8 +292,8 @@ class FromData:
     )
     if len(self.seeds) == 1:
       return one(state, self._images[0])
-    states = seeds_lib.unstack(state, len(self.seeds))
-    return seeds_lib.stack([one(s, x) for s, x in zip(states, self._images, strict=True)])
+    states = sweep_lib.unstack(state, len(self.seeds))
+    return sweep_lib.stack([one(s, x) for s, x in zip(states, self._images, strict=True)])
 
 
 def _banner(text: str) -> str:
@@ -312,12 +332,16 @@ def _write_metadata(workdir: Path, config, training: Training) -> None:
 
 
 def _describe(config, training: Training, state, echo) -> None:
-  n_params = sum(x.size for x in jax.tree.leaves(state.params)) // len(training.seeds)  # a seed's
+  n = len(training.seeds)
+  n_params = sum(x.size for x in jax.tree.leaves(state.params)) // n  # a point's
   per_device, micro = training.per_device_batch, training.micro_batch
-  first, last = training.seeds[0], training.seeds[-1]
-  seeds = f" | seeds {first}-{last} in one program" if last > first else ""
+  first, last = min(training.seeds), max(training.seeds)
+  seeds = f" | seeds {first}-{last} in one program" if n > 1 else ""
+  if "point" in training.columns:
+    swept = " × ".join(f"{len(set(v))} {path}" for path, v in training.columns["swept"].items())
+    seeds = f" | {n} points in one program: {swept}{f' × seeds {first}-{last}' * (last > first)}"
   echo(
-    f"{config.model.name}: {n_params:,} parameters{' a seed' if last > first else ''} | "
+    f"{config.model.name}: {n_params:,} parameters{' a point' if n > 1 else ''} | "
     f"{jax.device_count()} "
     f"device{'s' if jax.device_count() > 1 else ''} "
     f"({jax.devices()[0].device_kind}) | global batch {config.batch_size} = "
@@ -329,9 +353,12 @@ def _describe(config, training: Training, state, echo) -> None:
   )
 
 
-def _finite_or_stop(state, step: int, checkpoints):
-  """`state` if all its parameters are finite; otherwise stop before it is saved."""
-  if not all(np.isfinite(x).all() for x in jax.tree.leaves(state.params)):
+def _finite_or_stop(state, step: int, checkpoints, points: int = 0):
+  """`state` if all its parameters are finite (a sweep's, `points` of them: one point's);
+  otherwise stop before it is saved. A sweep's point that diverged stops alone (Progress)."""
+  rows = lambda x: np.isfinite(x).reshape(points or 1, -1).all(1)
+  finite = np.all([rows(x) for x in jax.tree.leaves(state.params)], 0)
+  if not finite.any() or (not points and not finite.all()):
     raise UserError(
       f"parameters became NaN/inf by step {step}; {checkpoints.kept()}; lower learning_rate "
       "or set grad_clip_norm"
@@ -440,8 +467,8 @@ def _log_preview(log, training: Training, start_step: int, first_batch) -> None:
   """The first seed's first batch, augmented as its step sees it: to TensorBoard and
   WORKDIR/augmented_batch.png."""
   inputs = training.inputs
-  if inputs.seed_axes is not None:
-    first_batch = seeds_lib.seed_part(first_batch, inputs.seed_axes, 0, axis=1)
+  if inputs.point_axes is not None:
+    first_batch = sweep_lib.seed_part(first_batch, inputs.point_axes, 0, axis=1)
   preview = augmented_preview(inputs.gather, training.augment, start_step, first_batch)
   log.images("augmented_batch", preview, start_step)
 
@@ -485,7 +512,8 @@ class Loop:
       if self.preemption.stop_after(step):  # agreed by all processes: all save this step
         if in_flight:  # the steps since the last record are recorded first
           progress.write(step, in_flight, clock)
-        state = _finite_or_stop(first_replica(rstate), step, self.checkpoints)
+        points = _swept(self.training)
+        state = _finite_or_stop(first_replica(rstate), step, self.checkpoints, points)
         self.checkpoints.save(step, state)
         raise Preempted(step, self.preemption.interrupted)
       if step < num_steps:
@@ -501,10 +529,14 @@ class Loop:
     train_sec = self.clock.training()  # compile, evals and checkpoints excluded
     self.preemption.training = False
     last = self.training.num_steps
-    self.checkpoints.save(last, _finite_or_stop(first_replica(rstate), last, self.checkpoints))
+    state = _finite_or_stop(first_replica(rstate), last, self.checkpoints, _swept(self.training))
+    self.checkpoints.save(last, state)
+    diverged = {"diverged": self.progress.diverged} if self.progress.diverged else {}
     final = evaluate(
-      self.training, rstate, last, self.log, self.clock, train_sec=train_sec, **times
+      self.training, rstate, last, self.log, self.clock, train_sec=train_sec, **diverged, **times
     )
+    if "point" in self.training.columns:
+      self.log.sweep(final)
     if jax.process_index() == 0 and start_step < last:
       self.echo(
         f"trained steps {start_step + 1}-{last} in {train_sec:.1f} s (compile, evals and "
@@ -583,7 +615,7 @@ def _compiled_step(
   step, compiled = compile_step(training, rstate, first_batch, start_step)
   times["compile_sec"] = time.perf_counter() - start
   times["step_from_cache"] = _CACHE_HITS[0] > hits
-  fit = seeds_that_fit(compiled, training.state, len(training.seeds))
+  fit = points_that_fit(compiled, training.state, len(training.seeds), _swept(training) > 0)
   said = f"compiled the train step in {times['compile_sec']:.1f} s"
   if times["step_from_cache"]:
     said = f"loaded the train step from the compilation cache in {times['compile_sec']:.1f} s"
@@ -619,9 +651,9 @@ def compile_step(training: Training, rstate, first_batch, start_step: int = 0):
   (`Training.hyper`) are arguments: a resume with more steps, or a run of another seed or
   learning rate, loads the same program."""
   run = [np.int32(training.num_steps)]
-  if len(training.seeds) == 1:  # several seeds: steps.seeded has each seed's keys in the program
+  if len(training.seeds) == 1:  # several points: sweep.each_point has their seeds' keys
     run.append(np.int32(training.seeds[0]))
-  run.append({path: np.float32(v) for path, v in training.hyper.items()})
+  run.append(training.hyper)  # float32 scalars; a swept field's [points]
   run = [replicate(x) for x in run]
   programs = [(0, training.train_step), *training.later_steps]
   programs = [(at, fn) for i, (at, fn) in enumerate(programs) if _runs(programs, i, start_step)]
@@ -635,12 +667,19 @@ def compile_step(training: Training, rstate, first_batch, start_step: int = 0):
   except (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError):
     if not training.hyper:
       raise
+    if any(np.ndim(v) for v in training.hyper.values()):
+      raise UserError(SWEEP_IN_PYTHON) from None
     if jax.process_index() == 0:  # a fork's part reads a float field in Python
       print(HYPER_CONSTANT, flush=True)
     return compile_step(dataclasses.replace(training, hyper={}), rstate, first_batch, start_step)
   return CompiledStep(compiled, run, start_step, training.steps_per_call), compiled[0][1]
 
 
+SWEEP_IN_PYTHON = (
+  "a part of this run reads one of its float fields in Python (an `if` on it, or an optax "
+  "constructor that checks it), so the points of this sweep cannot share one program; launch "
+  "a run per value (research/optim.py: hyper_values)"
+)
 HYPER_CONSTANT = (
   "note: a part of this run reads one of its float fields in Python (an `if` on it, or an "
   "optax constructor that checks it), so the step takes them as constants: a run with other "
@@ -701,43 +740,49 @@ def free_device_bytes() -> int:
   return available // jax.local_device_count()
 
 
-def seeds_that_fit(compiled, state, seeds: int) -> str:
-  """For several `seeds`, the line that says how much memory their step takes on each device
-  and about how many seeds fit ("" for one); a user error when these do not. The step's
-  arguments (the data and the state) are already on the devices; each seed adds its state
-  and its share of what the step allocates besides (XLA's memory analysis of the step)."""
-  if seeds == 1:
+def points_that_fit(compiled, state, points: int, sweep: bool = False) -> str:
+  """For several points (seeds, or a `sweep`'s), the line that says how much memory their
+  step takes on each device and about how many points fit ("" for one); a user error when
+  these do not. The step's arguments (the data and the state) are already on the devices;
+  each point adds its state and its share of what the step allocates besides (XLA's memory
+  analysis of the step)."""
+  if points == 1:
     return ""
+  what = "points" if sweep else "seeds"
   memory = compiled.memory_analysis()
   step_bytes = memory.temp_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes
   state_bytes = sum(np.asarray(x).nbytes for x in jax.tree.leaves(state))
-  per_seed = (step_bytes + state_bytes) / seeds
+  per_point = (step_bytes + state_bytes) / points
   free = free_device_bytes()
-  fit = seeds + int((free - step_bytes) // per_seed)
+  fit = points + int((free - step_bytes) // per_point)
   gib = lambda n: f"{n / 2**30:.2f} GiB"
   said = (
-    f"{seeds} seeds in one program: their step takes {gib(step_bytes)} of each device besides "
-    f"the state ({gib(per_seed)} a seed, its state included), of {gib(free)} free"
+    f"{points} {what} in one program: their step takes {gib(step_bytes)} of each device besides "
+    f"the state ({gib(per_point)} a {what[:-1]}, its state included), of {gib(free)} free"
   )
   if step_bytes > free:
-    raise UserError(
-      f"{said}: they do not fit; "
-      + (f"use --config.seeds={fit} or fewer" if fit >= 1 else "not one seed fits")
-    )
-  return f"{said}: about {fit} seeds fit"
+    fewer = f"sweep {fit} points or fewer" if sweep else f"use --config.seeds={fit} or fewer"
+    fewer = fewer if fit >= 1 else f"not one {what[:-1]} fits"
+    raise UserError(f"{said}: they do not fit; {fewer}")
+  return f"{said}: about {fit} {what} fit"
 
 
 def evaluate(training: Training, rstate, step: int, log, clock, all_views=True, **extra) -> dict:
   """An eval record, logged; periodic evals (all_views=False) use the eval's first view only."""
   start = time.perf_counter()
   totals = training.inputs.evaluate(rstate.eval_weights(), all_views)
-  record = eval_record(step, totals, training.seeds)
+  record = eval_record(step, totals, training.columns)
   record["eval_weights"] = "params" if rstate.ema_params is None else "ema"
   record["eval_sec"] = time.perf_counter() - start
   record["elapsed_sec"] = clock.since_launch()  # this launch's wall clock, as train records'
   record.update(extra)
   log.eval(record)
   return record
+
+
+def _swept(training: Training) -> int:
+  """A sweep's point count, 0 for a run that sweeps no field (its seeds stop together)."""
+  return len(training.seeds) if "point" in training.columns else 0
 
 
 def _periodic(step: int, rstate, training: Training, log, clock, checkpoints, echo) -> tuple:
@@ -752,7 +797,8 @@ def _periodic(step: int, rstate, training: Training, log, clock, checkpoints, ec
       evaluate(training, rstate, step, log, clock, all_views=False)
     if save_due:
       start = time.perf_counter()
-      checkpoints.save(step, _finite_or_stop(first_replica(rstate), step, checkpoints))
+      state = _finite_or_stop(first_replica(rstate), step, checkpoints, _swept(training))
+      checkpoints.save(step, state)
       echo(
         f"checkpoint at step {step}: training paused {time.perf_counter() - start:.3f} s "
         "(device→host copy; the write goes on in the background)"
@@ -858,7 +904,9 @@ class Progress:
     self.learning_rates = jax.jit(rates).lower(np.int32(0)).compile()
     self.start_step, self.num_steps = start_step, num_steps
     self.checkpoints = checkpoints  # named when training stops on NaN
-    self.seeds = seeds_lib.seeds_of(config)
+    self.seeds = sweep_lib.seeds_of(config)
+    self.columns = sweep_lib.columns(config) if len(self.seeds) > 1 else {}
+    self.diverged = {}  # a sweep's points that diverged: {label: the log step that found it}
     self.single_process = jax.process_count() == 1
     self.is_main = jax.process_index() == 0
     self.warned_long = False
@@ -879,18 +927,20 @@ class Progress:
     if self.config.steps_per_call > 1:  # each call's metrics [steps, ...]: a dict a step
       fetched = [{n: v[i] for n, v in m.items()} for m in fetched for i in range(len(m["loss"]))]
     training, input_wait = clock.close_interval()
-    # Each a number, or one per seed (config.seeds > 1): their mean is the record's. Every
+    # Each a number, or one per point (seeds, a sweep): their mean is the record's. Every
     # metric the step returns is averaged over the steps since the last record; the norms are
-    # the last step's.
+    # the last step's. A sweep's learning rates: each point's.
     last = lambda name: name in ("param_norm", "grad_norm")
     values = {
       name: np.asarray(fetched[-1][name]) if last(name) else np.mean([m[name] for m in fetched], 0)
       for name in fetched[-1]
     }
+    rates = {k: np.asarray(v) for k, v in self.learning_rates(np.int32(step - 1)).items()}
+    values |= {k: v for k, v in rates.items() if v.ndim}
     record = {
       "step": step,
       **{name: float(np.mean(v)) for name, v in values.items()},
-      **{k: float(v) for k, v in self.learning_rates(np.int32(step - 1)).items()},
+      **{k: float(v) for k, v in rates.items() if not v.ndim},
       "examples_per_sec": len(fetched) * self.config.batch_size / training,
       "sec_per_batch": training / len(fetched),
       "input_wait_fraction": input_wait / training,
@@ -899,16 +949,8 @@ class Progress:
     }
     several = len(self.seeds) > 1
     if several:
-      record.update(metrics_lib.per_seed(values, self.seeds))
-    finite = np.all([np.isfinite(values[k]) for k in ("loss", "grad_norm", "param_norm")], 0)
-    if not finite.all():
-      ok = np.broadcast_to(finite, len(self.seeds))
-      which = [s for s, fine in zip(self.seeds, ok, strict=True) if not fine]
-      where = f" in seed {', '.join(map(str, which))}" if several else ""
-      raise UserError(
-        f"loss, gradients or parameters became NaN/inf by step {step}{where} (loss "
-        f"{record['loss']}); {self.checkpoints.kept()}; lower learning_rate or set grad_clip_norm"
-      )
+      record.update(metrics_lib.per_point(values, self.columns))
+    self._stop_on_nan(step, record, values)
     self.log.train(record)
     if not self.is_main:
       return
@@ -917,6 +959,33 @@ class Progress:
       self.warned_long = self._warn_if_long(record, self.num_steps - step)
     if record["input_wait_fraction"] > INPUT_BOUND:
       self.echo(INPUT_BOUND_ADVICE.format(record["input_wait_fraction"]))
+
+  def _stop_on_nan(self, step: int, record: dict, values: dict) -> None:
+    """Stops the run where its loss, gradients or parameters are not finite; in a sweep only
+    where no point's are: a point that diverged is named once, and the others go on (its
+    numbers leave the best point and the ranges)."""
+    finite = np.all([np.isfinite(values[k]) for k in ("loss", "grad_norm", "param_norm")], 0)
+    finite = np.broadcast_to(finite, len(self.seeds))
+    labels = self.columns.get("point")
+    if labels and finite.any():
+      for label, ok in zip(labels, finite, strict=True):
+        if not ok and label not in self.diverged:
+          self.diverged[label] = step
+          self.echo(
+            f"point {label} diverged by step {step} (its loss, gradients or parameters are "
+            "NaN/inf): its numbers leave the best point and the ranges; the other points go on"
+          )
+      if self.diverged:
+        record["diverged"] = dict(self.diverged)
+      return
+    if not finite.all():
+      which = [s for s, fine in zip(labels or self.seeds, finite, strict=True) if not fine]
+      where = f" in {'point' if labels else 'seed'} {', '.join(map(str, which))}"
+      raise UserError(
+        f"loss, gradients or parameters became NaN/inf by step {step}"
+        f"{where if len(self.seeds) > 1 else ''} (loss {record['loss']}); "
+        f"{self.checkpoints.kept()}; lower learning_rate or set grad_clip_norm"
+      )
 
   def _warn_if_long(self, record: dict, steps_left: int) -> bool:
     """Says once if the rest is projected to take over LONG_RUN_SEC; True if it did."""

@@ -45,7 +45,7 @@ from flax import traverse_util
 from research import augment as augment_lib
 from research import checkpoint, configuration, environment, models, steps, validate
 from research import inputs as inputs_lib
-from research import seeds as seeds_lib
+from research import sweep as sweep_lib
 from research import workdir as workdir_lib
 from research.data import DATASETS, folder
 from research.errors import EXIT_USER_ERROR, UserError, exit_interrupted
@@ -166,16 +166,21 @@ def run_classes(workdir: Path, config) -> tuple[str, ...]:
   return tuple(classes or (str(label) for label in range(config.model.num_classes)))
 
 
-def load(workdir, step: int | None = None, seed: int | None = None) -> Trained:
+def load(
+  workdir, step: int | None = None, seed: int | None = None, point: str | None = None
+) -> Trained:
   """The run in `workdir` at its newest checkpoint (or `step`'s). A run of several seeds:
-  `seed`'s weights, or (None) the ensemble of all its seeds."""
+  `seed`'s weights, or (None) the ensemble of all its seeds. A sweep: `point`'s weights (a
+  label as the run printed it, a part of one, or an index: `chosen_point`), by default its
+  best point's."""
   workdir = Path(workdir)
   config = run_config(workdir)
   step, state = checkpoint.read(workdir, step)
   variables = {"params": used_params(state), "batch_stats": state.get("batch_stats", {})}
   seeds = run_seeds(config)
-  if seed is not None:
-    variables, seeds = one_seed(variables, config, seed, f"{workdir} seed={seed}"), ()
+  index = chosen_point(workdir, config, seed, point, str(workdir))
+  if index is not None:
+    variables, seeds = one_point(variables, config, index), ()
   model = models.create(config.model, None)
   shape = tuple(workdir_lib.last_recorded(workdir, "example_shape") or ())  # runs before: RGB
   return Trained(config, run_classes(workdir, config), variables, model, step, seeds, shape)
@@ -190,25 +195,73 @@ def used_params(state: dict):
 
 def run_seeds(config) -> tuple:
   """The seeds a run of `config` trained in one program; () for one seed."""
-  seeds = seeds_lib.seeds_of(config)
+  seeds = sweep_lib.seeds_of(config)
   return seeds if len(seeds) > 1 else ()
 
 
-def one_seed(tree, config, seed: int, what: str):
-  """`seed`'s part of a tree a run of `config` saved (leaves with a leading seed axis for several
-  seeds); a user error naming `what` for a seed the run did not train."""
-  seeds = run_seeds(config) or (config.seed,)
-  if seed not in seeds:
+def one_point(tree, config, index: int):
+  """Point `index`'s part of a tree a run of `config` saved (leaves with a leading point axis
+  where it trained several points: seeds, a sweep's)."""
+  return jax.tree.map(lambda x: x[index], tree) if run_seeds(config) else tree
+
+
+def chosen_point(workdir: Path, config, seed=None, point=None, what: str = "") -> int | None:
+  """The index of the point a run of `config` is used at: a sweep's `point` (its label as the
+  run printed it, `learning_rate=0.03,seed=1`; a part of it that one point matches; or its
+  index), or its `seed`'s (one point), else its best (the last eval's `best_point`); a run of
+  seeds' `seed`'s, or None (all: their ensemble); None for one run. A user error naming
+  `what` for a point or seed the run did not train."""
+  labels = sweep_lib.labels(config)
+  several = len(labels) > 1
+  if point is not None and point.isdigit():
+    if int(point) >= len(labels):
+      raise UserError(f"{what} point={point}: the run trained points 0-{len(labels) - 1}")
+    return int(point) if several else None
+  if seed is not None:
+    point = f"seed={seed}" if point is None else f"{point},seed={seed}"
+  if point is None:
+    return _best_point(workdir, labels) if sweep_lib.sweeps_fields(config) else None
+  matches = [i for i, label in enumerate(labels) if _matches(point, label)]
+  seeds = sorted(set(sweep_lib.seeds_of(config)))
+  if not matches and point == f"seed={seed}":
     raise UserError(
-      f"{what}: the run trained seed{'s' if len(seeds) > 1 else ''} "
+      f"{what} seed={seed}: the run trained seed{'s' if len(seeds) > 1 else ''} "
       f"{', '.join(map(str, seeds))}; choose one of those"
     )
-  return jax.tree.map(lambda x: x[seeds.index(seed)], tree) if len(seeds) > 1 else tree
+  if len(matches) != 1:
+    found = "matches none" if not matches else f"matches {len(matches)}"
+    raise UserError(
+      f"{what} point={point!r} {found} of the run's points ({', '.join(labels)}); name one"
+    )
+  return matches[0] if several else None
 
 
-def evaluate(workdir, step: int | None = None, overrides=()) -> dict:
+def _matches(wanted: str, label: str) -> bool:
+  """Whether every FIELD=VALUE of `wanted` is one of `label`'s (values compared as numbers)."""
+  pairs = lambda text: dict(part.partition("=")[::2] for part in text.split(","))
+  theirs = pairs(label)
+  try:
+    return all(k in theirs and float(theirs[k]) == float(v) for k, v in pairs(wanted).items())
+  except ValueError:
+    return False
+
+
+def _best_point(workdir: Path, labels: tuple) -> int:
+  """The index of a sweep's best point: its last eval record's `best_point`."""
+  records = workdir_lib.records(workdir / "metrics.jsonl")
+  best = [r["best_point"] for r in records if "eval_accuracy" in r and "best_point" in r]
+  if not best or best[-1] not in labels:
+    raise UserError(
+      f"{workdir} swept {len(labels)} points and records no eval yet to choose the best by; "
+      f"name one with --point (one of {', '.join(labels)})"
+    )
+  return labels.index(best[-1])
+
+
+def evaluate(workdir, step: int | None = None, overrides=(), point: str | None = None) -> dict:
   """Evaluates the run in `workdir` (its newest checkpoint, or `step`'s) with `overrides`
-  [(field, text)] of EVAL_FIELDS; prints the eval line, appends the record to evals.jsonl."""
+  [(field, text)] of EVAL_FIELDS; prints the eval line, appends the record to evals.jsonl. A
+  run of several points: each of them, or the one `point` names (`chosen_point`)."""
   workdir = Path(workdir)
   config = run_config(workdir)
   for field, value in overrides:
@@ -218,16 +271,29 @@ def evaluate(workdir, step: int | None = None, overrides=()) -> dict:
       )
     configuration.override(config, field, value)
   checked = validate.train_config(config, jax.device_count())
+  index = chosen_point(workdir, config, None, point, str(workdir)) if point is not None else None
   step, state = checkpoint.read(workdir, step)  # before any data is loaded
   recorded = workdir_lib.last_recorded(workdir, "classes")  # runs before it: not recorded
   train = Path(config.data_dir) / "train"
   if config.dataset == "folder" and recorded and train.is_dir():  # listed, not yet decoded
     _check_classes(config.data_dir, folder.class_dirs(train), recorded)
-  inputs = inputs_lib.for_run(config, checked)  # other datasets' classes follow from config
+  # one point's eval: its single run's (no point axis); other datasets' classes follow from config
+  single = (
+    sweep_lib.point_config(config, sweep_lib.points_of(config)[index])
+    if index is not None
+    else None
+  )
+  inputs = inputs_lib.for_run(single or config, checked)
   model = models.create(config.model, AXIS)
-  weights = Weights(used_params(state), state.get("batch_stats", {}), models.apply_fn(model))
+  variables = {"params": used_params(state), "batch_stats": state.get("batch_stats", {})}
+  columns = sweep_lib.columns(config) if run_seeds(config) else {}
+  if index is not None:
+    variables, columns = one_point(variables, config, index), {}
+  weights = Weights(variables["params"], variables["batch_stats"], models.apply_fn(model))
   start = time.perf_counter()
-  record = eval_record(step, inputs.evaluate(replicate(weights), True), run_seeds(config))
+  record = eval_record(step, inputs.evaluate(replicate(weights), True), columns)
+  if index is not None:
+    record["point"] = sweep_lib.labels(config)[index]
   record["eval_weights"] = "ema" if state.get("ema_params") is not None else "params"
   record.update(eval_sec=time.perf_counter() - start, time=time.time())
   record["overrides"] = dict(overrides)
@@ -239,12 +305,18 @@ def evaluate(workdir, step: int | None = None, overrides=()) -> dict:
 
 
 def predict(
-  workdir, paths, top_k: int = 1, output=None, step: int | None = None, seed: int | None = None
+  workdir,
+  paths,
+  top_k: int = 1,
+  output=None,
+  step: int | None = None,
+  seed: int | None = None,
+  point: str | None = None,
 ) -> list[dict]:
   """Each readable image under `paths`: {"path", "classes": top_k names, "probabilities"};
   written to `output` (a CSV) or printed as a table. A run of several seeds: `seed`'s
   predictions, or (None) their ensemble's."""
-  model = load(Path(workdir), step, seed)
+  model = load(Path(workdir), step, seed, point)
   if not 1 <= top_k <= len(model.classes):
     raise UserError(f"--top_k={top_k}: choose 1 to {len(model.classes)} (the run's classes)")
   files = _image_files(paths)
@@ -378,18 +450,22 @@ def check_warm_start(config, augment, model) -> Source:
 
 
 def _source_seed(config, workdir: Path, saved: dict) -> dict:
-  """The weights of `init_from`'s run: of its seed `init_from_seed` where it trained several
-  (a user error if none is chosen)."""
+  """The weights of `init_from`'s run: where it trained several points, of the one
+  `init_from_point` and `init_from_seed` name (`chosen_point`); by default a sweep's best, and
+  a user error for a run of seeds."""
   source = run_config(workdir)
   seeds = run_seeds(source)
   if not seeds:
     return saved
-  if config.init_from_seed < 0:
+  seed = config.init_from_seed if config.init_from_seed >= 0 else None
+  point = config.init_from_point or None
+  if seed is None and point is None and not sweep_lib.sweeps_fields(source):
     raise UserError(
       f"init_from={config.init_from!r} trained seeds {seeds[0]}-{seeds[-1]}; choose the one to "
       "start from with --config.init_from_seed=N"
     )
-  return one_seed(saved, source, config.init_from_seed, f"init_from_seed={config.init_from_seed}")
+  index = chosen_point(workdir, source, seed, point, f"init_from={config.init_from!r}")
+  return one_point(saved, source, index)
 
 
 def _fits_nothing(name: str) -> UserError:
@@ -459,6 +535,13 @@ def parse_args(argv: list[str]):
     parser.add_argument("--top_k", type=int, default=1, help="classes per image")
     parser.add_argument("--output", default="", help="a CSV file (default: a table)")
   parser.add_argument("--step", type=int, default=None, help="default: the newest checkpoint")
+  parser.add_argument(
+    "--point",
+    default=None,
+    help="a run of several points: this one's weights, its label as the run printed it "
+    "(learning_rate=0.03), a part of it, or its index (default: eval: every point; predict: "
+    "a sweep's best point, a run of seeds' ensemble)",
+  )
   if command == "predict":
     parser.add_argument(
       "--seed",
@@ -477,11 +560,11 @@ def main(argv: list[str]) -> int:
     args, overrides = parse_args(argv)
     workdir = Path(args.workdir).expanduser()
     if args.command == "eval":
-      evaluate(workdir, args.step, overrides)
+      evaluate(workdir, args.step, overrides, args.point)
     elif overrides:
       raise UserError("predict uses the run's config as it is; it takes no --config.FIELD")
     else:
-      predict(workdir, args.paths, args.top_k, args.output, args.step, args.seed)
+      predict(workdir, args.paths, args.top_k, args.output, args.step, args.seed, args.point)
   except UserError as e:
     print(f"error: {e}", file=sys.stderr)
     return EXIT_USER_ERROR

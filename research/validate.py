@@ -14,7 +14,18 @@ from typing import NamedTuple
 import ml_collections
 
 from research import augment as augment_lib
-from research import configuration, data, losses, metrics, models, optim, schedules, steps
+from research import (
+  configuration,
+  data,
+  environment,
+  losses,
+  metrics,
+  models,
+  optim,
+  schedules,
+  steps,
+  sweep,
+)
 from research.data import PLACEMENTS, check_num_classes
 from research.errors import UserError
 
@@ -160,6 +171,7 @@ def train_config(config: ml_collections.ConfigDict, n_devices: int) -> Checked:
   _parts(config)
   augment, eval_preprocess = _pipelines(config)
   groups = _param_groups(config)
+  _sweep(config)
   return Checked(_per_device_batch(config, n_devices, augment), augment, eval_preprocess, groups)
 
 
@@ -204,6 +216,23 @@ def _numbers(config) -> None:
     )
   _choice("loss_reduction", config.loss_reduction, ("mean", "sum"))
   _choice("seeds_mode", config.seeds_mode, ("unroll", "vmap"))
+
+
+def _sweep(config) -> None:
+  """The swept fields (research/sweep.py), each point's numbers in their ranges, and the plot
+  a sweep ends with."""
+  if not sweep.check(config):
+    return
+  environment.check({"matplotlib": "matplotlib"})  # WORKDIR/sweep.png
+  for point in sweep.points_of(config):
+    single = sweep.point_config(config, point)
+    try:
+      _in_ranges(single, RANGES)
+      _param_groups(single)
+    except UserError as e:
+      raise UserError(
+        f"sweep={config.sweep!r}, its point {sweep.label(point, False)}: {e}"
+      ) from None
 
 
 def _parts(config) -> None:

@@ -362,9 +362,10 @@ def test_a_stop_signal_never_saves_parameters_that_are_not_finite(tmp_path, monk
   assert not any((tmp_path / "checkpoints").glob("*"))
 
 
-def _events(workdir):
-  """Parses tensorboardX event files (TFRecord framing) back into Event protos."""
-  for path in (Path(workdir) / "tensorboard").glob("events.out.tfevents.*"):
+def _events(workdir, run: str = ""):
+  """Parses tensorboardX event files (TFRecord framing) back into Event protos: the run's, or
+  those of its TensorBoard run `run` (a sweep's point: WORKDIR/tensorboard/LABEL)."""
+  for path in (Path(workdir) / "tensorboard" / run).glob("events.out.tfevents.*"):
     data = path.read_bytes()
     offset = 0
     while offset < len(data):

@@ -28,6 +28,8 @@
                         batched (vmap) and traced apart (unroll): seconds per
                         seed-step ÷ those of one seed's step, timed in alternating rounds
                         after all compiled (the price of a seed).
+  sweep                 the same for a sweep of N learning rates (--seeds=N, one seed): a
+                        point's training step ÷ a single run's (the price of a point).
 All training benchmarks use the synthetic dataset (same shapes as CIFAR-10; throughput of
 resident data does not depend on pixel values). Results go to the console at the end and to
 WORKDIR/benchmark.json after each measurement (its "finished" false until all have run): a
@@ -160,15 +162,19 @@ def cpu_steps(path: str) -> dict:
   return rows
 
 
-def seeds_cost(path: str, small: bool, counts, rounds: int, seconds=6.0, **overrides) -> dict:
-  """Seconds per step of the bare step of `path` with each of `counts` seeds in one program,
-  the seeds batched (vmap) and traced apart (unroll), compiled first and then timed in
-  `rounds` alternating rounds; per seed-step ÷ one seed's step. `overrides`: config fields."""
+def seeds_cost(
+  path: str, small: bool, counts, rounds: int, seconds=6.0, axis="seeds", **overrides
+) -> dict:
+  """Seconds per step of the bare step of `path` with each of `counts` points in one program
+  (`axis` "seeds": seeds; "sweep": a sweep of that many learning rates, one seed), the points
+  batched (vmap) and traced apart (unroll), compiled first and then timed in `rounds`
+  alternating rounds; per point-step ÷ one run's step. `overrides`: config fields."""
   runs = {}
   for count in counts:
     for mode in ("vmap", "unroll") if count > 1 else ("unroll",):
       name = f"{count} {mode}" if count > 1 else str(count)
-      config = _config(path, small, seeds=count, seeds_mode=mode, **overrides)
+      points = {"seeds": count} if axis == "seeds" else _learning_rates(path, count)
+      config = _config(path, small, seeds_mode=mode, **points, **overrides)
       _, p_step, _, rstate, batches = _bare(config)
       _, rstate = time_steps(p_step, rstate, batches, 1, warmup=4)  # compiled, the heap grown
       runs[name] = [p_step, rstate, batches, count]
@@ -192,6 +198,13 @@ def seeds_cost(path: str, small: bool, counts, rounds: int, seconds=6.0, **overr
     }
     for name in runs
   }
+
+
+def _learning_rates(path: str, count: int) -> dict:
+  """The config fields of a sweep of `count` learning rates around `path`'s (1: none)."""
+  rate = configuration.load(path).learning_rate
+  rates = ",".join(f"{rate * 2 ** (i - count // 2):g}" for i in range(count))
+  return {"sweep": f"learning_rate={rates}"} if count > 1 else {}
 
 
 FORM_CONFIGS = (
@@ -382,9 +395,13 @@ def main() -> None:
   parser.add_argument("--workers", type=int, default=os.cpu_count(), help="host aug. workers")
   parser.add_argument("--workdir", default=f"runs/benchmark-{time.strftime('%Y%m%d-%H%M%S')}")
   parser.add_argument(
-    "--only", choices=("train", "decode", "conv2d", "cpu", "forms", "seeds"), help="one benchmark"
+    "--only",
+    choices=("train", "decode", "conv2d", "cpu", "forms", "seeds", "sweep"),
+    help="one benchmark",
   )
-  parser.add_argument("--seeds", default="1,4", help="seeds: the seed counts to compare")
+  parser.add_argument(
+    "--seeds", default="1,4", help="seeds, sweep: the seed (point) counts to compare"
+  )
   parser.add_argument("--rounds", type=int, default=3, help="forms: alternating rounds")
   parser.add_argument("--variants", default="", help="forms: comma-separated (default: all)")
   parser.add_argument("--configs", default="", help="forms: comma-separated config specs")
@@ -454,12 +471,12 @@ def main() -> None:
       for path in args.configs:
         results.setdefault("forms", {})[path] = form_gains(path, args.variants, args.rounds)
         measured(f"forms {path}")
-    if args.only == "seeds":
+    if args.only in ("seeds", "sweep"):
       for path in CONFIGS:
-        results.setdefault("seeds", {})[Path(path).stem] = seeds_cost(
-          path, args.small, args.seeds, args.rounds
+        results.setdefault(args.only, {})[Path(path).stem] = seeds_cost(
+          path, args.small, args.seeds, args.rounds, axis=args.only
         )
-        measured(f"seeds {path}")
+        measured(f"{args.only} {path}")
     results["finished"] = True
     write()
   except KeyboardInterrupt:
@@ -534,13 +551,18 @@ def _print(results: dict) -> None:
           f"{name:18} {batch:>5} {r['devices']:7d} {r['micro_batch']:5d} "
           f"{r['xla_examples_per_sec']:7.1f} {r['examples_per_sec']:7.1f} {r['speedup']:6.2f}"
         )
-  if "seeds" in results:
-    print("seeds in one program: seconds per step, per seed-step, and per seed-step ÷ the first's")
-    for name, rows in results["seeds"].items():
+  for axis, what in (("seeds", "seeds"), ("sweep", "points")):
+    if axis not in results:
+      continue
+    print(
+      f"{what} in one program: seconds per step, per {what[:-1]}-step, and per "
+      f"{what[:-1]}-step ÷ one run's"
+    )
+    for name, rows in results[axis].items():
       for count, r in rows.items():
         print(
-          f"  {name:18} {count:>7} seeds {r['sec_per_step']:8.4f} {r['sec_per_seed_step']:8.4f}"
-          f" {r['per_seed_step_vs_one']:6.2f}"
+          f"  {name:18} {count:>7} {what:6} {r['sec_per_step']:8.4f} "
+          f"{r['sec_per_seed_step']:8.4f} {r['per_seed_step_vs_one']:6.2f}"
         )
   if "forms" in results:
     print(

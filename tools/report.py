@@ -106,7 +106,7 @@ def plan(scale: str, cores: int) -> list[Measurement]:
     m += _dtypes("main", "cifar_vgg", "VGG-16 (200 epochs)", vgg)
     for stem, title, config in recipes:
       m += _seeds(f"{stem}-bfloat16", title, config, 10, "bfloat16")
-    for seeds in (4, 8):  # the seeds 0 to N - 1 in one program (docs/seeds.md), each mode
+    for seeds in (4, 8):  # the seeds 0 to N - 1 in one program (docs/sweeps.md), each mode
       for mode, how in (("unroll", ""), ("vmap", ", batched (vmap)")):
         m.append(
           Measurement(

@@ -16,12 +16,26 @@ def test_host_augmented_batches_from_worker_processes_train_the_step():
 
 
 def test_the_seeds_bench_times_each_way_of_running_seeds():
-  # :smoke's sizes and tests/test_seeds.py's first seed: the steps its runs train with
+  # :smoke's sizes and tests/test_sweep.py's first seed: the steps its runs train with
   smoke, same = "configs/cifar_vgg.py:smoke", dict(synthetic_train_size=1024, seed=1)
   rows = benchmark.seeds_cost(smoke, False, [1, 2], rounds=1, seconds=0.01, **same)
   assert list(rows) == ["1", "2 vmap", "2 unroll"]
   assert rows["1"]["per_seed_step_vs_one"] == 1.0
   assert all(r["sec_per_step"] > 0 for r in rows.values())
+
+
+def test_the_sweep_bench_sweeps_learning_rates_around_the_config_s(monkeypatch):
+  """`--only sweep` times seeds_cost's steps (above) over a sweep of N learning rates."""
+
+  class Built(Exception):
+    pass
+
+  def bare(config):  # the config it would time, before anything is compiled
+    raise Built(config.sweep)
+
+  monkeypatch.setattr(benchmark, "_bare", bare)
+  with pytest.raises(Built, match=r"^learning_rate=0.00025,0.0005,0.001,0.002$"):  # :smoke's 1e-3
+    benchmark.seeds_cost("configs/cifar_keras_cnn.py:smoke", False, [4], 1, axis="sweep")
 
 
 def test_a_bench_stopped_early_keeps_what_it_measured(tmp_path, monkeypatch, capsys):

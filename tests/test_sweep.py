@@ -1,5 +1,6 @@
-"""Several seeds in one program (`config.seeds`): each seed trains as its single run would,
-a stopped run resumes exactly, and eval, predict, `trained.load` and `init_from` know seeds."""
+"""Several runs in one program: seeds (`config.seeds`) and a sweep's points (`config.sweep`).
+Each trains as its single run would, a stopped run resumes exactly, and eval, predict,
+`trained.load` and `init_from` take a seed or a point."""
 
 import csv
 import json
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from research import configuration, train, trained
+from research import configuration, metrics, schedules, sweep, train, trained
 from research.errors import UserError
 from research.train import train_and_evaluate
 from tests.test_resilience import _events
@@ -17,14 +18,14 @@ from tests.test_resilience import _events
 SEEDS = (1, 2)  # config.seed = 1, config.seeds = 2
 # A seed's run differs from its single run by float rounding at most. Traced apart (unroll,
 # the default), each seed's step is the single step, run by the same kernels in the same order
-# on the same machine: every step's loss is compared bit for bit (docs/seeds.md; so on both of
+# on the same machine: every step's loss is compared bit for bit (docs/sweeps.md; so on both of
 # .ci/run's kernel sets, measured 2026-11-27), the final eval as its comment says. The bounds
 # below are the batched mode's (vmap): the seeds' convolutions run as one computation with
 # other kernels and other rounding. Step 1 starts from the same parameters on the same
 # examples: its loss, a mean of 64 float32 terms, agrees to rounding (1e-5 bounds it; measured
 # 8e-8). After it the difference grows as rounding does in training, faster where it flips a
 # max-pool's choice within a window or a ReLU's sign. Measured batched on VGG's :smoke run of
-# 8 steps here, 8 devices (docs/seeds.md): losses 1e-3 relative apart at the last step (1e-2
+# 8 steps here, 8 devices (docs/sweeps.md): losses 1e-3 relative apart at the last step (1e-2
 # at most on the way), the final eval loss 2e-3, the accuracy one example of 250. The bounds
 # allow ten times that.
 FIRST_LOSS_RTOL = 1e-5
@@ -225,7 +226,7 @@ def test_seeds_that_do_not_fit_the_devices_stop_before_anything_is_written(tmp_p
 
 
 def test_seeds_need_resident_data():
-  with pytest.raises(UserError, match=r"seeds=2 trains its seeds on one resident copy"):
+  with pytest.raises(UserError, match=r"2 seeds train on one resident copy of the data"):
     train.setup(_config("cifar_vgg", seeds=2, dataset="imagenette"))
 
 
@@ -236,3 +237,165 @@ def test_a_seed_that_diverges_stops_the_run_and_is_named(tmp_path, nan_after_ste
   config = _config("cifar_vgg", seeds=2, checkpoint_every_steps=0)
   with pytest.raises(UserError, match=r"NaN/inf by step 3 in seed 2 \(loss"):
     train_and_evaluate(config, str(tmp_path))
+
+
+# --- a sweep: points of float fields' values (times seeds), one program -------------------------
+RATES = (1e-3, 3e-3)  # the Keras CNN :smoke's learning rate (single_runs' seed 1) and another
+SWEEP = "learning_rate=0.001,0.003"
+LABELS = ["learning_rate=0.001", "learning_rate=0.003"]
+
+
+@pytest.fixture(scope="module")
+def sweep_run(tmp_path_factory, single_runs):
+  """(the workdir of the Keras CNN's two learning rates in one run, [each's single run])."""
+  root = tmp_path_factory.mktemp("sweep")
+  train_and_evaluate(_config("cifar_keras_cnn", sweep=SWEEP), str(root / "sweep"))
+  other = root / "single-3e-3"
+  train_and_evaluate(_config("cifar_keras_cnn", learning_rate=RATES[1]), str(other))
+  return root / "sweep", [single_runs("cifar_keras_cnn")[SEEDS[0]], other]
+
+
+def test_each_point_of_a_sweep_trains_as_its_single_run(sweep_run):
+  """Each point's step is the single step with its value as the step's argument, traced apart
+  in the one program (seeds_mode="unroll"): every step's loss and learning rate as its single
+  run logs them, bit for bit (as a seed's, above); the final eval as a seed's."""
+  workdir, singles = sweep_run
+  records = _records(workdir)
+  train_records = [r for r in records if "loss" in r]
+  final = records[-1]
+  assert final["per_point"]["point"] == LABELS
+  assert final["per_point"]["swept"] == {"learning_rate": list(RATES)}
+  for i, single in enumerate(map(_records, singles)):
+    single_train = [r for r in single if "loss" in r]
+    for name in ("loss", "learning_rate", "grad_norm"):
+      assert [r["per_point"][name][i] for r in train_records] == [r[name] for r in single_train]
+    np.testing.assert_allclose(final["per_point"]["eval_loss"][i], single[-1]["eval_loss"], 1e-5)
+    assert final["per_point"]["eval_accuracy"][i] == single[-1]["eval_accuracy"]
+  best = int(np.argmax(final["per_point"]["eval_accuracy"]))
+  assert final["best_point"] == LABELS[best]
+
+
+def test_a_sweep_of_other_values_loads_its_step_from_the_compilation_cache(sweep_run, tmp_path):
+  """The values are the step's arguments: one program for every point, and for a sweep of
+  other values of the same fields (as for a single run of another learning rate). `sweep_run`
+  compiled it (or, on a machine that ran the suite before, loaded it)."""
+  config = _config("cifar_keras_cnn", sweep="learning_rate=0.0005,0.002", num_train_steps=2)
+  final = train_and_evaluate(config, str(tmp_path / "other"))
+  assert final["step_from_cache"]
+  assert final["per_point"]["point"] == ["learning_rate=0.0005", "learning_rate=0.002"]
+
+
+def test_a_sweep_ends_with_its_points_sorted_and_a_plot(sweep_run):
+  workdir, _ = sweep_run
+  final = _records(workdir)[-1]
+  with Image.open(workdir / "sweep.png") as plot:
+    assert plot.size[0] > plot.size[1] > 300  # two panels side by side
+  lines = metrics.sweep_table(final).splitlines()
+  order = np.argsort(final["per_point"]["eval_accuracy"])[::-1]
+  assert [line.split()[1] for line in lines[1:3]] == [LABELS[i] for i in order]
+  assert lines[-1].startswith(f"best: {final['best_point']}")
+
+
+def test_each_point_is_a_tensorboard_run_of_its_own(sweep_run):
+  workdir, _ = sweep_run
+  for label in LABELS:
+    tags = {v.tag for e in _events(workdir, label) for v in e.summary.value}
+    assert {"train/loss", "train/learning_rate", "eval/accuracy"} <= tags, sorted(tags)
+
+
+def test_eval_reproduces_each_point_s_final_record(sweep_run):
+  workdir, _ = sweep_run
+  final = _records(workdir)[-1]
+  assert trained.evaluate(workdir)["per_point"] == final["per_point"]
+  for i, label in enumerate(LABELS):
+    record = trained.evaluate(workdir, point=label)
+    assert record["point"] == label
+    assert record["eval_accuracy"] == final["per_point"]["eval_accuracy"][i]
+    assert record["eval_loss"] == pytest.approx(final["per_point"]["eval_loss"][i], rel=1e-5)
+
+
+def test_load_predict_and_init_from_take_the_best_point_or_the_named_one(sweep_run, tmp_path):
+  workdir, _ = sweep_run
+  best = LABELS.index(_records(workdir)[-1]["best_point"])
+  params = lambda model: model.variables["params"]
+  each = [params(trained.load(workdir, point=label)) for label in LABELS]
+  same = lambda a, b: all(jax.tree.leaves(jax.tree.map(np.array_equal, a, b)))
+  assert same(params(trained.load(workdir)), each[best])
+  assert same(params(trained.load(workdir, point=str(1 - best))), each[1 - best])  # an index
+  assert not same(each[0], each[1])
+  with pytest.raises(UserError, match=r"point='learning_rate=0.01' matches none"):
+    trained.load(workdir, point="learning_rate=0.01")
+  training = train.setup(_config("cifar_keras_cnn", init_from=str(workdir)), warm_start=True)
+  assert same(training.state.params, each[best])
+  config = _config("cifar_keras_cnn", init_from=str(workdir), init_from_point=LABELS[1 - best])
+  assert same(train.setup(config, warm_start=True).state.params, each[1 - best])
+  Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(tmp_path / "a.png")
+  out = tmp_path / "out.csv"
+  for point, i in ((None, best), (LABELS[1 - best], 1 - best)):
+    argv = ["predict", str(workdir), str(tmp_path / "a.png"), "--output", str(out)]
+    assert trained.main(argv + ([f"--point={point}"] if point else [])) == 0
+    row = next(csv.DictReader(out.read_text().splitlines()))
+    expected = trained.load(workdir, point=LABELS[i]).predict([str(tmp_path / "a.png")])
+    assert float(row["probability"]) == pytest.approx(expected.max(), abs=1e-6)
+
+
+def test_a_point_that_diverges_stops_alone(tmp_path, nan_after_step, capsys):
+  """The second point's parameters turn NaN in step 2: named at the next record, it leaves the
+  best point and the ranges; the first point trains on to the end, as it would alone."""
+  nan_after_step(2, seed=1)
+  config = _config("cifar_keras_cnn", sweep=SWEEP, num_train_steps=4, checkpoint_every_steps=2)
+  final = train_and_evaluate(config, str(tmp_path))
+  out = capsys.readouterr().out
+  assert f"point {LABELS[1]} diverged by step 3" in out
+  assert final["diverged"] == {LABELS[1]: 3}
+  assert final["best_point"] == LABELS[0]
+  assert np.isfinite(final["per_point"]["eval_loss"][0])
+  assert f"{LABELS[1]}  diverged by step 3" in out  # the sorted table, last
+
+
+@pytest.mark.parametrize(
+  "sweep, message",
+  [
+    ("learning_rate", r"'learning_rate' is not FIELD=V1,V2"),
+    ("learning_rate=0.1,x", r"is not FIELD=V1,V2,\.\.\. \(numbers\)"),
+    ("learning_rate=0.1,0.1", r"names 'learning_rate' or one of its values twice"),
+    ("lerning_rate=0.1,0.2", r"lerning_rate cannot be swept: the config has no such field"),
+    ("batch_size=32,64", r"batch_size cannot be swept: it is a int field; only float"),
+    ("warmup_epochs=0,1", r"warmup_epochs cannot be swept: it sizes or times the run"),
+    ("seed=1,2", r"seed cannot be swept: seeds are the sweep's other axis: use --config.seeds"),
+    ("grad_clip_norm=0,1", r"grad_clip_norm cannot be swept: 0 turns clipping off"),
+    (
+      "learning_rate=0.1,-1",
+      r"its point learning_rate=-1: learning_rate=-1.0 must be a number > 0",
+    ),
+  ],
+)
+def test_a_field_that_cannot_be_swept_is_one_error_line(sweep, message):
+  with pytest.raises(UserError, match=message):
+    train.setup(_config("cifar_keras_cnn", sweep=sweep))
+
+
+def test_a_learning_rate_built_in_python_cannot_be_swept(monkeypatch):
+  """A schedule registered without traced=True (optax's constructors check their numbers in
+  Python) holds the learning rate as a constant of the program."""
+  monkeypatch.setitem(schedules.SCHEDULES.parts, "in_python", schedules.SCHEDULES.get("cosine"))
+  monkeypatch.setitem(schedules.SCHEDULES.options, "in_python", {})
+  config = _config("cifar_vgg", sweep="learning_rate=0.1,0.2", schedule="in_python")
+  with pytest.raises(UserError, match=r"learning_rate cannot be swept: a schedule of this run"):
+    train.setup(config)
+
+
+def test_a_sweep_s_points_are_its_grid_times_its_seeds():
+  config = _config("cifar_vgg", sweep="learning_rate=0.1,0.2;weight_decay=0,5e-4", seeds=2)
+  points = sweep.points_of(config)
+  assert [p.values for p in points[::2]] == [
+    {"learning_rate": lr, "weight_decay": wd} for lr in (0.1, 0.2) for wd in (0.0, 5e-4)
+  ]
+  assert [p.seed for p in points] == [1, 2] * 4
+  assert sweep.labels(config)[:2] == (
+    "learning_rate=0.1,weight_decay=0,seed=1",
+    "learning_rate=0.1,weight_decay=0,seed=2",
+  )
+  hyper = sweep.hyper(config)  # each point's values: a 0 is a value, not a missing transform
+  np.testing.assert_array_equal(hyper["weight_decay"], np.float32([0, 0, 5e-4, 5e-4] * 2))
+  assert sweep.structure(config).weight_decay == 5e-4
