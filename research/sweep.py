@@ -53,7 +53,7 @@ def parse(text: str) -> dict:
 def check(config: ml_collections.ConfigDict) -> dict:
   """The swept fields (`parse`), each a float field the compiled step takes as an argument; a
   user error naming the field and why it cannot be swept."""
-  swept = parse(config.sweep)
+  swept = parse(config.get("sweep", ""))
   eligible = optim.hyper_values(optim.with_values(config, {p: 1.0 for p in _floats(config)}))
   for path, values in swept.items():
     why = _unsweepable(config, path, eligible)

@@ -255,10 +255,21 @@ def sweep_run(tmp_path_factory, single_runs):
   return root / "sweep", [single_runs("cifar_keras_cnn")[SEEDS[0]], other]
 
 
+# A point's step is the single step with its value a slice of the [points] argument where the
+# single run has a scalar: XLA may fuse that product otherwise, and the update then rounds
+# otherwise. Measured on the Keras CNN's :smoke sweep of 3 learning rates, 24 steps, 1 device,
+# XLA's default optimisation: the first loss equal (no update yet), later losses 1 float32 ulp
+# apart (6e-8 relative) at steps 16 and 24 for two points of three, the final evals equal; at
+# the suite's optimisation level, here, every step bit for bit. The bounds allow a hundred
+# times what rounding did over 24 steps, for 8 steps here.
+POINT_LOSS_RTOL = 1e-5
+
+
+@pytest.mark.rounding
 def test_each_point_of_a_sweep_trains_as_its_single_run(sweep_run):
-  """Each point's step is the single step with its value as the step's argument, traced apart
-  in the one program (seeds_mode="unroll"): every step's loss and learning rate as its single
-  run logs them, bit for bit (as a seed's, above); the final eval as a seed's."""
+  """Each point trains as its single run: the same initial parameters and examples (the first
+  loss the same), its own learning rate applied (the logged rates the same), each step's loss
+  and the final eval to float rounding."""
   workdir, singles = sweep_run
   records = _records(workdir)
   train_records = [r for r in records if "loss" in r]
@@ -267,10 +278,14 @@ def test_each_point_of_a_sweep_trains_as_its_single_run(sweep_run):
   assert final["per_point"]["swept"] == {"learning_rate": list(RATES)}
   for i, single in enumerate(map(_records, singles)):
     single_train = [r for r in single if "loss" in r]
-    for name in ("loss", "learning_rate", "grad_norm"):
-      assert [r["per_point"][name][i] for r in train_records] == [r[name] for r in single_train]
-    np.testing.assert_allclose(final["per_point"]["eval_loss"][i], single[-1]["eval_loss"], 1e-5)
-    assert final["per_point"]["eval_accuracy"][i] == single[-1]["eval_accuracy"]
+    mine = [r["per_point"]["loss"][i] for r in train_records]
+    assert mine[0] == single_train[0]["loss"]
+    np.testing.assert_allclose(mine, [r["loss"] for r in single_train], rtol=POINT_LOSS_RTOL)
+    rates = [r["per_point"]["learning_rate"][i] for r in train_records]
+    assert rates == [r["learning_rate"] for r in single_train]  # the same function of the step
+    eval_loss, accuracy = final["per_point"]["eval_loss"][i], final["per_point"]["eval_accuracy"][i]
+    np.testing.assert_allclose(eval_loss, single[-1]["eval_loss"], rtol=POINT_LOSS_RTOL)
+    assert abs(accuracy - single[-1]["eval_accuracy"]) * 250 <= 1  # a flip needs a near-tie
   best = int(np.argmax(final["per_point"]["eval_accuracy"]))
   assert final["best_point"] == LABELS[best]
 
@@ -399,3 +414,26 @@ def test_a_sweep_s_points_are_its_grid_times_its_seeds():
   hyper = sweep.hyper(config)  # each point's values: a 0 is a value, not a missing transform
   np.testing.assert_array_equal(hyper["weight_decay"], np.float32([0, 0, 5e-4, 5e-4] * 2))
   assert sweep.structure(config).weight_decay == 5e-4
+
+
+@pytest.mark.parametrize("vectorized", [False, True], ids=["unroll", "vmap"])
+def test_each_point_steps_with_its_seed_and_its_values(vectorized):
+  """sweep.each_point, unrolled or batched, runs the one-run step for each point with its own
+  state, its part of the batch, its seed and its values of the swept fields; the fields not
+  swept (scalars) and the data (None in batch_axes) are shared."""
+
+  def step(state, batch, horizon, seed, hyper):
+    data, order = batch
+    new = state * hyper["momentum"] + hyper["learning_rate"] * seed + data.sum() + order
+    return new, {"horizon": horizon}
+
+  points = [sweep.Point(seed, {}) for seed in (3, 4, 3)]
+  hyper = {"learning_rate": np.float32([0.1, 0.2, 0.3]), "momentum": np.float32(0.5)}
+  state, batch = np.float32([1, 2, 3]), (np.ones(4, np.float32), np.float32([10, 20, 30]))
+  new, metrics = jax.jit(sweep.each_point(step, points, (None, 0), vectorized=vectorized))(
+    state, batch, np.int32(7), hyper
+  )
+  np.testing.assert_allclose(
+    new, [1 * 0.5 + 0.3 + 4 + 10, 2 * 0.5 + 0.8 + 4 + 20, 3 * 0.5 + 0.9 + 4 + 30], rtol=1e-6
+  )
+  np.testing.assert_array_equal(metrics["horizon"], [7, 7, 7])

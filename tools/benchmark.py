@@ -402,6 +402,9 @@ def main() -> None:
   parser.add_argument(
     "--seeds", default="1,4", help="seeds, sweep: the seed (point) counts to compare"
   )
+  parser.add_argument(
+    "--batch_size", type=int, default=0, help="seeds, sweep: the global batch (0: the config's)"
+  )
   parser.add_argument("--rounds", type=int, default=3, help="forms: alternating rounds")
   parser.add_argument("--variants", default="", help="forms: comma-separated (default: all)")
   parser.add_argument("--configs", default="", help="forms: comma-separated config specs")
@@ -473,8 +476,9 @@ def main() -> None:
         measured(f"forms {path}")
     if args.only in ("seeds", "sweep"):
       for path in CONFIGS:
+        batch = {"batch_size": args.batch_size} if args.batch_size else {}
         results.setdefault(args.only, {})[Path(path).stem] = seeds_cost(
-          path, args.small, args.seeds, args.rounds, axis=args.only
+          path, args.small, args.seeds, args.rounds, axis=args.only, **batch
         )
         measured(f"{args.only} {path}")
     results["finished"] = True
