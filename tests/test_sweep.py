@@ -16,6 +16,9 @@ from research.train import train_and_evaluate
 from tests.test_resilience import _events
 
 SEEDS = (1, 2)  # config.seed = 1, config.seeds = 2
+RATES = (1e-3, 3e-3)  # the Keras CNN :smoke's learning rate (single_runs' seed 1) and another
+SWEEP = "learning_rate=0.001,0.003"
+LABELS = ["learning_rate=0.001", "learning_rate=0.003"]
 # A seed's run differs from its single run by float rounding at most. Traced apart (unroll,
 # the default), each seed's step is the single step, run by the same kernels in the same order
 # on the same machine: every step's loss is compared bit for bit (docs/sweeps.md; so on both of
@@ -218,10 +221,17 @@ def test_a_run_that_dies_resumes_exactly(seeds_runs, tmp_path, monkeypatch, caps
   assert _records(tmp_path)[-1]["per_seed"] == _records(uninterrupted)[-1]["per_seed"]
 
 
-def test_seeds_that_do_not_fit_the_devices_stop_before_anything_is_written(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+  "name, fields, what",
+  [("cifar_vgg", dict(seeds=2), "seed"), ("cifar_keras_cnn", dict(sweep=SWEEP), "point")],
+)
+def test_points_that_do_not_fit_the_devices_stop_before_anything_is_written(
+  tmp_path, monkeypatch, name, fields, what
+):
   monkeypatch.setattr(train, "free_device_bytes", lambda: 1000)
-  with pytest.raises(UserError, match=r"2 seeds in one program.*do not fit; not one seed fits"):
-    train_and_evaluate(_config("cifar_vgg", seeds=2), str(tmp_path / "run"))
+  message = rf"2 {what}s in one program.*do not fit; not one {what} fits"
+  with pytest.raises(UserError, match=message):
+    train_and_evaluate(_config(name, **fields), str(tmp_path / "run"))
   assert not (tmp_path / "run" / "config.json").exists()
 
 
@@ -240,9 +250,6 @@ def test_a_seed_that_diverges_stops_the_run_and_is_named(tmp_path, nan_after_ste
 
 
 # --- a sweep: points of float fields' values (times seeds), one program -------------------------
-RATES = (1e-3, 3e-3)  # the Keras CNN :smoke's learning rate (single_runs' seed 1) and another
-SWEEP = "learning_rate=0.001,0.003"
-LABELS = ["learning_rate=0.001", "learning_rate=0.003"]
 
 
 @pytest.fixture(scope="module")
