@@ -58,17 +58,19 @@ def duration(seconds: float) -> str:
 
 def per_point(values: dict, columns: dict) -> dict:
   """A record of several points (research/sweep.py): each value's mean and standard deviation
-  (`NAME`, `NAME_std`, n - 1 in the denominator) over the points whose values are finite, and
-  each point's values in the order of `columns` (sweep.columns), under `per_seed` for a run of
-  seeds; under `per_point` for a sweep, with `best_point`: the highest eval accuracy's (an eval
-  record), else the lowest loss's."""
+  (`NAME`, `NAME_std`, n - 1 in the denominator) and each point's values in the order of
+  `columns` (sweep.columns). A run of seeds: over all of them, under `per_seed`. A sweep: over
+  the points whose values are all finite (a diverged point's are left out), under
+  `per_point`, with `best_point`: the highest eval accuracy's (an eval record), else the
+  lowest loss's."""
   values = {name: np.asarray(v, np.float64) for name, v in values.items()}
-  live = np.all([np.isfinite(v) for v in values.values()], 0)
-  live = live if live.any() else np.ones_like(live)  # none finite: the means say so
-  added = {name: float(np.mean(v[live])) for name, v in values.items()}
-  added |= {f"{name}_std": float(np.std(v[live], ddof=1)) if live.sum() > 1 else 0.0
-            for name, v in values.items()}  # fmt: skip
   each = {name: v.tolist() for name, v in values.items()}
+  live = np.all([np.isfinite(v) for v in values.values()], 0)
+  if "point" not in columns or not live.any():  # none finite: the means say so
+    live = np.ones_like(live)
+  added = {name: float(np.mean(v[live])) for name, v in values.items()}
+  std = lambda v: float(np.std(v, ddof=1)) if len(v) > 1 else 0.0
+  added |= {f"{name}_std": std(v[live]) for name, v in values.items()}
   if "point" not in columns:
     return added | {"per_seed": {**columns, **each}}
   score = values["eval_accuracy"] if "eval_accuracy" in values else -values["loss"]
@@ -160,10 +162,14 @@ def format_eval_line(record: dict) -> str:
   views = record.get("eval_accuracy_first_view")
   seeds = record.get("per_seed", {}).get("eval_accuracy")
   of = f" of point {record['point']}" if "point" in record else ""  # `eval --point=`
+  if views is not None:  # a sweep's: the best point's, and the range
+    views = (
+      _spread(record, "eval_accuracy_first_view", 4) if "per_point" in record else f"{views:.4f}"
+    )
   return (
     f"eval{of} at step {record['step']}: loss = {_spread(record, 'eval_loss', 4)}, "
     f"accuracy = {_spread(record, 'eval_accuracy', 4)}"
-    + (f" with test-time augmentation ({views:.4f} without)" if views is not None else "")
+    + (f" with test-time augmentation ({views} without)" if views is not None else "")
     + "".join(
       f", {k.removeprefix('eval_')} = {_spread(record, k, 4)}" for k in _added_eval_metrics(record)
     )
@@ -219,7 +225,8 @@ class MetricsLog:
       return
     self.echo(format_train_line(record))
     self._append(record)
-    for name in (*TRAIN_SCALARS, *step_metrics(record), *group_learning_rates(record)):
+    names = (*TRAIN_SCALARS, *step_metrics(record), *group_learning_rates(record))
+    for name in names if "per_point" not in record else ():  # a sweep: each point's run
       self.writer.add_scalar(f"train/{name}", record[name], record["step"])
     self._per_seed("train", record)
 
@@ -228,7 +235,8 @@ class MetricsLog:
       return
     self.echo(format_eval_line(record))
     self._append(record)
-    for name in ("eval_loss", "eval_accuracy", *_added_eval_metrics(record)):
+    names = ("eval_loss", "eval_accuracy", *_added_eval_metrics(record))
+    for name in names if "per_point" not in record else ():  # a sweep: each point's run
       self.writer.add_scalar(f"eval/{name.removeprefix('eval_')}", record[name], record["step"])
     self._per_seed("eval", record)
     for writer in (self.writer, *self.point_writers.values()):

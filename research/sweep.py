@@ -22,7 +22,11 @@ EXAMPLE = "--config.sweep='learning_rate=0.01,0.03,0.1;weight_decay=0,5e-4'"
 # Fields whose 0 switches a part off rather than multiplying by 0: a point at 0 would differ
 # from its single run, so a sweep takes no 0 for them (a group's learning rate 0 means the
 # config's).
-OFF_AT_ZERO = {"grad_clip_norm": "0 turns clipping off", "learning_rate": "0 means the config's"}
+OFF_AT_ZERO = {
+  "grad_clip_norm": "0 turns clipping off",
+  "ema_decay": "0 turns the average off",
+  "learning_rate": "0 means the config's",
+}
 
 
 class Point(NamedTuple):
@@ -62,6 +66,12 @@ def check(config: ml_collections.ConfigDict) -> dict:
       why = f"{OFF_AT_ZERO[name]}, which is another program: sweep values other than 0"
     if why:
       raise UserError(f"sweep: {path} cannot be swept: {why}")
+  names = labels(config)
+  if len(set(names)) < len(names):  # labels name the points: in records, --point, TensorBoard
+    raise UserError(
+      f"sweep={config.sweep!r} has values that print alike ({', '.join(names)}); give values "
+      "that differ in their first 6 significant digits"
+    )
   return swept
 
 
@@ -78,11 +88,22 @@ def _unsweepable(config, path: str, eligible: dict) -> str:
   if path in ("seed", "seeds"):
     return "seeds are the sweep's other axis: use --config.seeds=N (seeds seed, seed + 1, ...)"
   *parents, name = path.split(".")
-  node = config
-  for parent in parents:
-    node = node.get(parent) if isinstance(node, ml_collections.ConfigDict) else None
-  if not isinstance(node, ml_collections.ConfigDict) or name not in node:
-    return "the config has no such field (a parameter group's: param_groups.GROUP.FIELD)"
+  if parents and (parents[0] != "param_groups" or len(parents) != 2):
+    return (
+      "only the config's own float fields and its parameter groups' (param_groups.GROUP.FIELD) "
+      "are arguments of the step; the model's fields shape its program: launch a run per value"
+    )
+  node = config.param_groups.get(parents[1]) if parents else config
+  if node is None:
+    return f"the config has no parameter group {parents[1]!r}"
+  if name not in node:
+    inherited = parents and name in config
+    return (
+      f"the group does not set {name}, it takes the config's: set it in the group, or sweep "
+      f"{name} itself"
+      if inherited
+      else "the config has no such field (a parameter group's: param_groups.GROUP.FIELD)"
+    )
   if not isinstance(node[name], float):
     kind = type(node[name]).__name__
     return f"it is a {kind} field; only float fields are arguments of the compiled step"

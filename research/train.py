@@ -87,7 +87,9 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
   is loaded)."""
   checked = validate.train_config(config, jax.device_count())  # before any data is loaded
   hyper = sweep_lib.hyper(config)  # the values each point takes, arguments of the step
-  config = sweep_lib.structure(config)  # a sweep's program: every transformation it needs
+  if sweep_lib.sweeps_fields(config):  # a sweep's program: every transformation it needs
+    config = sweep_lib.structure(config)
+    checked = checked._replace(groups=optim.group_fields(config))  # what groups inherit too
   model = models.create(config.model, AXIS)
   known = data_lib.DATASETS.parts.get(config.dataset) is None  # its image size: from the config
   if known:  # before any image is decoded
@@ -894,6 +896,12 @@ class Clock:
     return training, input_wait
 
 
+def _diverged_before(workdir: Path) -> dict:
+  """The points of a sweep that diverged before this launch: its last record's `diverged`."""
+  records = workdir_lib.records(Path(workdir) / "metrics.jsonl")
+  return next((r["diverged"] for r in reversed(records) if "diverged" in r), {})
+
+
 class Progress:
   """A train record at log steps: one metrics fetch, the NaN check, the line and its notes."""
 
@@ -906,7 +914,8 @@ class Progress:
     self.checkpoints = checkpoints  # named when training stops on NaN
     self.seeds = sweep_lib.seeds_of(config)
     self.columns = sweep_lib.columns(config) if len(self.seeds) > 1 else {}
-    self.diverged = {}  # a sweep's points that diverged: {label: the log step that found it}
+    # a sweep's points that diverged: {label: the log step that found it}, a resumed run's too
+    self.diverged = _diverged_before(log.workdir) if "point" in self.columns else {}
     self.single_process = jax.process_count() == 1
     self.is_main = jax.process_index() == 0
     self.warned_long = False
@@ -971,10 +980,11 @@ class Progress:
       for label, ok in zip(labels, finite, strict=True):
         if not ok and label not in self.diverged:
           self.diverged[label] = step
-          self.echo(
-            f"point {label} diverged by step {step} (its loss, gradients or parameters are "
-            "NaN/inf): its numbers leave the best point and the ranges; the other points go on"
-          )
+          if self.is_main:
+            self.echo(
+              f"point {label} diverged by step {step} (its loss, gradients or parameters are "
+              "NaN/inf): its numbers leave the best point and the ranges; the other points go on"
+            )
       if self.diverged:
         record["diverged"] = dict(self.diverged)
       return

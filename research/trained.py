@@ -206,34 +206,37 @@ def one_point(tree, config, index: int):
 
 
 def chosen_point(workdir: Path, config, seed=None, point=None, what: str = "") -> int | None:
-  """The index of the point a run of `config` is used at: a sweep's `point` (its label as the
+  """The index of the point a run of `config` is used at: the one `point` (its label as the
   run printed it, `learning_rate=0.03,seed=1`; a part of it that one point matches; or its
-  index), or its `seed`'s (one point), else its best (the last eval's `best_point`); a run of
-  seeds' `seed`'s, or None (all: their ensemble); None for one run. A user error naming
-  `what` for a point or seed the run did not train."""
-  labels = sweep_lib.labels(config)
-  several = len(labels) > 1
+  index) and `seed` name; where neither does, a sweep's best (its last eval's `best_point`),
+  and for a run of seeds None (all: their ensemble). None for one run. A user error naming
+  `what` for a point or seed the run did not train, or a choice that fits several."""
+  points, labels = sweep_lib.points_of(config), sweep_lib.labels(config)
+  several = len(points) > 1
   if point is not None and point.isdigit():
-    if int(point) >= len(labels):
-      raise UserError(f"{what} point={point}: the run trained points 0-{len(labels) - 1}")
+    if int(point) >= len(points):
+      raise UserError(f"{what} point={point}: the run trained points 0-{len(points) - 1}")
     return int(point) if several else None
+  if seed is None and point is None:
+    return _best_point(workdir, labels) if several and sweep_lib.sweeps_fields(config) else None
+  chosen = range(len(points))
   if seed is not None:
-    point = f"seed={seed}" if point is None else f"{point},seed={seed}"
-  if point is None:
-    return _best_point(workdir, labels) if sweep_lib.sweeps_fields(config) else None
-  matches = [i for i, label in enumerate(labels) if _matches(point, label)]
-  seeds = sorted(set(sweep_lib.seeds_of(config)))
-  if not matches and point == f"seed={seed}":
+    chosen = [i for i in chosen if points[i].seed == seed]
+    if not chosen:
+      seeds = sorted({p.seed for p in points})
+      raise UserError(
+        f"{what} seed={seed}: the run trained seed{'s' if len(seeds) > 1 else ''} "
+        f"{', '.join(map(str, seeds))}; choose one of those"
+      )
+  if point is not None:
+    chosen = [i for i in chosen if _matches(point, labels[i])]
+  if len(chosen) != 1:
+    named = ", ".join(f"{k}={v}" for k, v in (("point", point), ("seed", seed)) if v is not None)
+    found = "matches none" if not chosen else f"matches {len(chosen)}"
     raise UserError(
-      f"{what} seed={seed}: the run trained seed{'s' if len(seeds) > 1 else ''} "
-      f"{', '.join(map(str, seeds))}; choose one of those"
+      f"{what} {named} {found} of the run's points ({', '.join(labels)}); name one (--point)"
     )
-  if len(matches) != 1:
-    found = "matches none" if not matches else f"matches {len(matches)}"
-    raise UserError(
-      f"{what} point={point!r} {found} of the run's points ({', '.join(labels)}); name one"
-    )
-  return matches[0] if several else None
+  return chosen[0] if several else None
 
 
 def _matches(wanted: str, label: str) -> bool:

@@ -245,7 +245,7 @@ def test_a_seed_that_diverges_stops_the_run_and_is_named(tmp_path, nan_after_ste
   names seed 2 alone."""
   nan_after_step(2, seed=1)
   config = _config("cifar_vgg", seeds=2, checkpoint_every_steps=0)
-  with pytest.raises(UserError, match=r"NaN/inf by step 3 in seed 2 \(loss"):
+  with pytest.raises(UserError, match=r"NaN/inf by step 3 in seed 2 \(loss nan\)"):
     train_and_evaluate(config, str(tmp_path))
 
 
@@ -345,7 +345,7 @@ def test_load_predict_and_init_from_take_the_best_point_or_the_named_one(sweep_r
   assert same(params(trained.load(workdir)), each[best])
   assert same(params(trained.load(workdir, point=str(1 - best))), each[1 - best])  # an index
   assert not same(each[0], each[1])
-  with pytest.raises(UserError, match=r"point='learning_rate=0.01' matches none"):
+  with pytest.raises(UserError, match=r"point=learning_rate=0.01 matches none"):
     trained.load(workdir, point="learning_rate=0.01")
   training = train.setup(_config("cifar_keras_cnn", init_from=str(workdir)), warm_start=True)
   assert same(training.state.params, each[best])
@@ -390,6 +390,9 @@ def test_a_point_that_diverges_stops_alone(tmp_path, nan_after_step, capsys):
       "learning_rate=0.1,-1",
       r"its point learning_rate=-1: learning_rate=-1.0 must be a number > 0",
     ),
+    ("learning_rate=0.1,0.1000001", r"has values that print alike \(learning_rate=0.1, learning"),
+    ("model.width=0.5,1", r"model.width cannot be swept: only the config's own float fields"),
+    ("ema_decay=0,0.9", r"ema_decay cannot be swept: 0 turns the average off"),
   ],
 )
 def test_a_field_that_cannot_be_swept_is_one_error_line(sweep, message):
@@ -444,3 +447,45 @@ def test_each_point_steps_with_its_seed_and_its_values(vectorized):
     new, [1 * 0.5 + 0.3 + 4 + 10, 2 * 0.5 + 0.8 + 4 + 20, 3 * 0.5 + 0.9 + 4 + 30], rtol=1e-6
   )
   np.testing.assert_array_equal(metrics["horizon"], [7, 7, 7])
+
+
+def test_a_point_is_chosen_by_its_label_its_index_or_its_seed():
+  config = _config("cifar_vgg", sweep="learning_rate=0.1,0.2", seeds=2)  # seeds 1, 2
+  choose = lambda **named: trained.chosen_point(None, config, what="run", **named)
+  assert choose(point="learning_rate=0.2,seed=2") == 3
+  assert choose(point="learning_rate=0.2", seed=1) == 2
+  assert choose(point="1") == 1
+  with pytest.raises(UserError, match=r"run seed=2 matches 2 of the run's points \(learning"):
+    choose(seed=2)  # the seed of two points: name the point too
+  with pytest.raises(UserError, match=r"run seed=5: the run trained seeds 1, 2; choose one"):
+    choose(seed=5)
+  config.update(seeds=1)  # labels without the seed: the seed still chooses
+  assert choose(point="learning_rate=0.1", seed=1) == 0
+
+
+def test_a_sweep_of_a_field_parameter_groups_inherit_trains_each_point(tmp_path):
+  """A group that leaves weight_decay unset takes the config's: each point's (its 0 too), so
+  the group's optimizer is built for the swept value as the config's is."""
+  groups = {"head": {"match": r"Dense_1/kernel$"}}
+  fields = dict(param_groups=groups, num_train_steps=2, checkpoint_every_steps=0)
+  final = train_and_evaluate(
+    _config("cifar_keras_cnn", sweep="weight_decay=0,5e-4", **fields), str(tmp_path / "sweep")
+  )
+  alone = train_and_evaluate(
+    _config("cifar_keras_cnn", weight_decay=5e-4, **fields), str(tmp_path / "alone")
+  )
+  loss = lambda workdir: [r for r in _records(workdir) if "loss" in r][-1]
+  np.testing.assert_allclose(
+    loss(tmp_path / "sweep")["per_point"]["loss"][1], loss(tmp_path / "alone")["loss"], rtol=1e-5
+  )
+  assert final["per_point"]["swept"] == {"weight_decay": [0.0, 5e-4]}
+  assert all(np.isfinite(final["per_point"]["eval_loss"]))
+  assert alone["eval_accuracy"] == final["per_point"]["eval_accuracy"][1]
+
+
+def test_a_sweep_of_one_point_is_its_single_run_used_as_one(tmp_path):
+  config = _config("cifar_keras_cnn", sweep="learning_rate=0.003", num_train_steps=2)
+  train_and_evaluate(config, str(tmp_path))
+  model = trained.load(tmp_path)
+  assert model.seeds == ()
+  assert model.predict(np.zeros((1, 32, 32, 3), np.uint8)).shape == (1, 10)
