@@ -319,27 +319,41 @@ def plot_sweep(records: list[dict], final: dict, path: Path) -> None:
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+  import matplotlib.ticker
 
   each = final["per_point"]
   swept = each["swept"]
   fig, axes = plt.subplots(1, len(swept) + 1, figsize=(5.5 * (len(swept) + 1), 4.2), squeeze=False)
   accuracy = np.asarray(each["eval_accuracy"], np.float64)
+  diverged = final.get("diverged", {})
+  live = np.asarray([label not in diverged for label in each["point"]])
   for ax, (field, values) in zip(axes[0], swept.items(), strict=False):
     values = np.asarray(values, np.float64)
-    ax.scatter(values, accuracy, color="tab:blue", alpha=0.6)
+    ax.scatter(values[live], accuracy[live], color="tab:blue", alpha=0.6)
+    if not live.all():
+      ax.scatter(values[~live], accuracy[~live], color="tab:red", marker="x", label="diverged")
+      ax.legend(fontsize=7)
     xs = sorted(set(values.tolist()))
-    ax.plot(xs, [np.nanmean(accuracy[values == x]) for x in xs], color="tab:blue")
+    means = [np.mean(accuracy[live & (values == x)]) if (live & (values == x)).any() else np.nan
+             for x in xs]  # fmt: skip
+    ax.plot(xs, means, color="tab:blue")
     if min(xs) > 0 and max(xs) / min(xs) >= 10:
       ax.set_xscale("log")
+      ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_xticks(xs, [f"{x:g}" for x in xs])  # the swept values themselves
     ax.set(xlabel=field, ylabel="final eval accuracy", title=f"accuracy against {field}")
     ax.grid(alpha=0.3)
   ax = axes[0][-1]
   curves = [r for r in records if r.get("per_point", {}).get("point") == each["point"]]
   curves = [r for r in curves if "loss" in r["per_point"]]  # train records
   for i, label in enumerate(each["point"]):
-    ax.plot([r["step"] for r in curves], [r["per_point"]["loss"][i] for r in curves], label=label)
+    said = f"{label} (diverged by step {diverged[label]})" if label in diverged else label
+    ax.plot([r["step"] for r in curves], [r["per_point"]["loss"][i] for r in curves], label=said)
   ax.set(xlabel="step", ylabel="training loss", title="each point's training loss")
   ax.set_yscale("log")
+  plain = matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:g}")
+  ax.yaxis.set_major_formatter(plain)
+  ax.yaxis.set_minor_formatter(plain)
   ax.grid(alpha=0.3)
   ax.legend(fontsize=7)
   fig.tight_layout()
