@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from research import workdir as workdir_lib
 from research.registry import Registry
 
 EVAL_METRICS = Registry("eval metric", "eval_metrics")
@@ -254,8 +255,9 @@ class MetricsLog:
         tag = f"{group}/{name.removeprefix('eval_')}/seed_{seed}"
         self.writer.add_scalar(tag, value, record["step"])
     names = [n for n in points if n in record]  # the metrics, not the columns
+    live = _live(points) if points else []
     for i, label in enumerate(points.get("point", ())):
-      if not _live(points)[i]:  # diverged: its NaN would only warn
+      if not live[i]:  # diverged: its NaN would only warn
         continue
       if label not in self.point_writers:
         self.point_writers[label] = self._writer(self.workdir / "tensorboard" / label)
@@ -269,8 +271,8 @@ class MetricsLog:
     if not self.enabled:
       return
     self.echo(sweep_table(final))
-    lines = (self.workdir / "metrics.jsonl").read_text().splitlines()
-    plot_sweep([json.loads(line) for line in lines], final, self.workdir / "sweep.png")
+    records = workdir_lib.records(self.workdir / "metrics.jsonl")
+    plot_sweep(records, final, self.workdir / "sweep.png")
     self.echo(f"wrote {self.workdir / 'sweep.png'}: accuracy against the swept values, the losses")
 
   def images(self, tag: str, images: np.ndarray, step: int) -> None:

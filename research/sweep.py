@@ -149,9 +149,11 @@ def labels(config) -> tuple:
 
 
 def columns(config) -> dict:
-  """What a record names its points by: {"seed": [...]} for a run of seeds; for a sweep
-  {"point": labels, "seed": [...], "swept": {FIELD: [each point's value], ...}}."""
+  """What a record names its points by: {} for one run; {"seed": [...]} for a run of seeds;
+  for a sweep {"point": labels, "seed": [...], "swept": {FIELD: [each point's value], ...}}."""
   points = points_of(config)
+  if len(points) == 1:
+    return {}
   seeds = {"seed": [point.seed for point in points]}
   swept = parse(config.get("sweep", ""))
   if not swept:
@@ -186,7 +188,7 @@ def hyper(config: ml_collections.ConfigDict) -> dict:
   return values
 
 
-def seed_part(batch, batch_axes, index: int, axis: int = 0):
+def point_part(batch, batch_axes, index: int, axis: int = 0):
   """Point `index`'s part of `batch`: the parts whose `batch_axes` (as `each_point` takes them)
   is 0 indexed at `axis` (0 inside the pmap, 1 for a pmapped batch [devices, points, ...]);
   the parts with None (the data, shared by the points) as they are."""
@@ -220,7 +222,7 @@ def each_point(train_step, points, batch_axes, *, vectorized: bool = False):
       return jax.vmap(one, in_axes=(0, batch_axes, 0, hyper_axes))(state, batch, seeds, hyper)
     states = unstack(state, len(points))
     outs = [
-      one(states[i], seed_part(batch, batch_axes, i), seed, seed_part(hyper, hyper_axes, i))
+      one(states[i], point_part(batch, batch_axes, i), seed, point_part(hyper, hyper_axes, i))
       for i, seed in enumerate(seeds)
     ]
     return jax.tree.map(lambda *xs: jnp.stack(xs), *outs)

@@ -119,7 +119,7 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
   return Training(
     inputs,
     seeds,
-    sweep_lib.columns(config) if len(seeds) > 1 else {},
+    sweep_lib.columns(config),
     state,
     _from_data(config, inputs, checked.eval_preprocess.first_view, seeds),
     train_step,
@@ -443,7 +443,7 @@ def train_and_evaluate(
   _log_preview(log, training, start_step, first_batch)
   wait_for_all(f"compiled-{start_step}")  # the step's first collectives start together
   batches = itertools.chain([first_batch], stream)
-  progress = Progress(config, log, training.schedules, start_step, num_steps, echo, checkpoints)
+  progress = Progress(config, log, training, start_step, echo, checkpoints)
   # The signal handlers stay until the last checkpoint is on disk: a second Ctrl-C while it is
   # written aborts at once.
   with Preemption(every=config.log_every_steps) as preemption:
@@ -470,7 +470,7 @@ def _log_preview(log, training: Training, start_step: int, first_batch) -> None:
   WORKDIR/augmented_batch.png."""
   inputs = training.inputs
   if inputs.point_axes is not None:
-    first_batch = sweep_lib.seed_part(first_batch, inputs.point_axes, 0, axis=1)
+    first_batch = sweep_lib.point_part(first_batch, inputs.point_axes, 0, axis=1)
   preview = augmented_preview(inputs.gather, training.augment, start_step, first_batch)
   log.images("augmented_batch", preview, start_step)
 
@@ -677,15 +677,17 @@ def compile_step(training: Training, rstate, first_batch, start_step: int = 0):
   return CompiledStep(compiled, run, start_step, training.steps_per_call), compiled[0][1]
 
 
-SWEEP_IN_PYTHON = (
+READ_IN_PYTHON = (
   "a part of this run reads one of its float fields in Python (an `if` on it, or an optax "
-  "constructor that checks it), so the points of this sweep cannot share one program; launch "
-  "a run per value (research/optim.py: hyper_values)"
+  "constructor that checks it)"
+)
+SWEEP_IN_PYTHON = (
+  f"{READ_IN_PYTHON}, so the points of this sweep cannot share one program; launch a run per "
+  "value (research/optim.py: hyper_values)"
 )
 HYPER_CONSTANT = (
-  "note: a part of this run reads one of its float fields in Python (an `if` on it, or an "
-  "optax constructor that checks it), so the step takes them as constants: a run with other "
-  "values of them compiles its step anew (research/optim.py: hyper_values)"
+  f"note: {READ_IN_PYTHON}, so the step takes them as constants: a run with other values of "
+  "them compiles its step anew (research/optim.py: hyper_values)"
 )
 
 
@@ -905,15 +907,14 @@ def _diverged_before(workdir: Path) -> dict:
 class Progress:
   """A train record at log steps: one metrics fetch, the NaN check, the line and its notes."""
 
-  def __init__(self, config, log, schedules, start_step: int, num_steps: int, echo, checkpoints):
+  def __init__(self, config, log, training: Training, start_step: int, echo, checkpoints):
     self.config, self.log, self.echo = config, log, echo
     # One call per record, not one per jnp op in it; compiled now, not inside the timed span
-    rates = lambda step: {name: schedule(step) for name, schedule in schedules.items()}
+    rates = lambda step: {name: schedule(step) for name, schedule in training.schedules.items()}
     self.learning_rates = jax.jit(rates).lower(np.int32(0)).compile()
-    self.start_step, self.num_steps = start_step, num_steps
+    self.start_step, self.num_steps = start_step, training.num_steps
     self.checkpoints = checkpoints  # named when training stops on NaN
-    self.seeds = sweep_lib.seeds_of(config)
-    self.columns = sweep_lib.columns(config) if len(self.seeds) > 1 else {}
+    self.seeds, self.columns = training.seeds, training.columns
     # a sweep's points that diverged: {label: the log step that found it}, a resumed run's too
     self.diverged = _diverged_before(log.workdir) if "point" in self.columns else {}
     self.single_process = jax.process_count() == 1

@@ -281,15 +281,13 @@ def evaluate(workdir, step: int | None = None, overrides=(), point: str | None =
   if config.dataset == "folder" and recorded and train.is_dir():  # listed, not yet decoded
     _check_classes(config.data_dir, folder.class_dirs(train), recorded)
   # one point's eval: its single run's (no point axis); other datasets' classes follow from config
-  single = (
-    sweep_lib.point_config(config, sweep_lib.points_of(config)[index])
-    if index is not None
-    else None
+  one = (
+    config if index is None else sweep_lib.point_config(config, sweep_lib.points_of(config)[index])
   )
-  inputs = inputs_lib.for_run(single or config, checked)
+  inputs = inputs_lib.for_run(one, checked)
   model = models.create(config.model, AXIS)
   variables = {"params": used_params(state), "batch_stats": state.get("batch_stats", {})}
-  columns = sweep_lib.columns(config) if run_seeds(config) else {}
+  columns = sweep_lib.columns(config)
   if index is not None:
     variables, columns = one_point(variables, config, index), {}
   weights = Weights(variables["params"], variables["batch_stats"], models.apply_fn(model))
@@ -317,8 +315,9 @@ def predict(
   point: str | None = None,
 ) -> list[dict]:
   """Each readable image under `paths`: {"path", "classes": top_k names, "probabilities"};
-  written to `output` (a CSV) or printed as a table. A run of several seeds: `seed`'s
-  predictions, or (None) their ensemble's."""
+  written to `output` (a CSV) or printed as a table. A run of several points: those of the
+  one `seed` and `point` name (`chosen_point`); by default a sweep's best point's, a run of
+  seeds' ensemble's."""
   model = load(Path(workdir), step, seed, point)
   if not 1 <= top_k <= len(model.classes):
     raise UserError(f"--top_k={top_k}: choose 1 to {len(model.classes)} (the run's classes)")
