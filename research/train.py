@@ -2,7 +2,7 @@
 
 `setup` builds what a run needs, each part once; `train_and_evaluate` pmaps the step and runs
 the loop. Where the data lives and how a step takes its examples is research/inputs.py; what
-one device does in a step is research/steps.py; what the loop records is at this module's end
+one device does in a step is research/steps.py; what the loop records is research/progress.py
 (Clock, Progress, Profiler), so that the loop itself stays a screen long.
 The host here only dispatches steps and fetches metrics every `log_every_steps`.
 """
@@ -32,7 +32,6 @@ from jax import lax
 from research import checkpoint, losses, models, optim, steps, trained, validate
 from research import data as data_lib
 from research import inputs as inputs_lib
-from research import metrics as metrics_lib
 from research import sweep as sweep_lib
 from research import workdir as workdir_lib
 from research.errors import UserError
@@ -40,6 +39,7 @@ from research.inputs import Inputs
 from research.metrics import MetricsLog, eval_record
 from research.placement import first_replica, replicate, same_in_every_process, wait_for_all
 from research.preemption import Preempted, Preemption
+from research.progress import Clock, Profiler, Progress, check_profile_end
 from research.steps import AXIS, TrainState, create_train_state
 
 
@@ -420,11 +420,6 @@ def train_and_evaluate(
   checkpoints = checkpoint.Checkpoints(workdir, config, echo, training.checkpoint_every)
   state, extra_times = _initial_state(config, training, checkpoints, workdir, warm)
   start_step = steps.step_of(state)
-  if start_step % config.steps_per_call:  # a checkpoint of a run with another steps_per_call
-    raise UserError(
-      f"{workdir} resumes at step {start_step}, which steps_per_call={config.steps_per_call} "
-      "does not divide; resume with a steps_per_call that divides it"
-    )
   profiler = Profiler(config, workdir, start_step, echo)  # its window is checked here
   rstate, skipped_at_start = replicate(state), len(inputs.skipped_files())
   stream = inputs.batches(start_step)
@@ -480,12 +475,12 @@ class Loop:
   """The training loop's steps, with what it records and when it stops."""
 
   training: Training
-  progress: "Progress"
-  profiler: "Profiler"
+  progress: Progress
+  profiler: Profiler
   preemption: Preemption
   checkpoints: checkpoint.Checkpoints
   log: MetricsLog
-  clock: "Clock"
+  clock: Clock
   bar: tqdm.tqdm
   echo: Callable
 
@@ -548,9 +543,10 @@ class Loop:
 
 
 def _initial_state(config, training: Training, checkpoints, workdir: Path, warm):
-  """(state, extra): the newest checkpoint's state, else the initial one with the parameters
-  the model computes from data; extra: what that took, and what the run took from
-  `init_from` (`warm`), for the final eval's record."""
+  """(state, extra): the newest checkpoint's state (a user error where its step is past the
+  run's or not a whole number of calls), else the initial one with the parameters the model
+  computes from data; extra: what that took, and what the run took from `init_from` (`warm`),
+  for the final eval's record."""
   state = checkpoints.restore_latest(training.state)  # one that does not fit: UserError
   start_step, times = steps.step_of(state), ({"init_from": warm} if warm else {})
   if start_step > training.num_steps:
@@ -558,6 +554,11 @@ def _initial_state(config, training: Training, checkpoints, workdir: Path, warm)
       f"{workdir} holds a checkpoint of step {start_step}, past this run's "
       f"{training.num_steps} steps; resume with num_train_steps >= {start_step}, or use a new "
       "--workdir"
+    )
+  if start_step % config.steps_per_call:  # a checkpoint of a run with another steps_per_call
+    raise UserError(
+      f"{workdir} resumes at step {start_step}, which steps_per_call={config.steps_per_call} "
+      "does not divide; resume with a steps_per_call that divides it"
     )
   if not start_step and training.from_data:
     training.from_data.compile()  # off the clock, as the step's compile is
@@ -847,217 +848,3 @@ def _list_left_out(workdir: Path, inputs: Inputs) -> str:
     return ""
   (workdir / LEFT_OUT).write_text("\n".join(lines) + "\n")
   return f" (listed in {workdir / LEFT_OUT})"
-
-
-# --- the loop's bookkeeping: where its wall time goes, its log records, its profile ---------------
-INPUT_BOUND = 0.1  # when the loop waits for input more than this share of the time, it says so
-INPUT_BOUND_ADVICE = (
-  "input-bound: the loop waited for input {:.0%} of the time; the devices idle while the "
-  "host decodes. Raise data_workers (decode processes) or prefetch (batches in flight)."
-)
-LONG_RUN_SEC = 3600  # a projection beyond this is said once, with the faster ways
-
-
-class Clock:
-  """The loop's wall time since its last log record: training, input wait and pauses."""
-
-  def __init__(self):
-    self.launch_start = self.interval_start = time.perf_counter()
-    self.input_wait = self.paused = self.all_paused = 0.0
-
-  def next_input(self, batches):
-    """`next(batches)`, its wait counted: none for resident data, decoding lag when streamed."""
-    start = time.perf_counter()
-    batch = next(batches)
-    self.input_wait += time.perf_counter() - start
-    return batch
-
-  @contextlib.contextmanager
-  def pause(self):
-    """Eval and checkpoints inside are not training time."""
-    start = time.perf_counter()
-    yield
-    paused = time.perf_counter() - start
-    self.paused += paused
-    self.all_paused += paused
-
-  def since_interval(self) -> float:
-    return time.perf_counter() - self.interval_start
-
-  def since_launch(self) -> float:
-    return time.perf_counter() - self.launch_start
-
-  def training(self) -> float:
-    """This launch's training time: its wall time less evals and checkpoints."""
-    return self.since_launch() - self.all_paused
-
-  def close_interval(self) -> tuple[float, float]:
-    """(training seconds, input wait seconds) since the last record; starts the next interval."""
-    training, input_wait = self.since_interval() - self.paused, self.input_wait
-    self.interval_start, self.input_wait, self.paused = time.perf_counter(), 0.0, 0.0
-    return training, input_wait
-
-
-def _diverged_before(workdir: Path) -> dict:
-  """The points of a sweep that diverged before this launch: its last record's `diverged`."""
-  records = workdir_lib.records(Path(workdir) / "metrics.jsonl")
-  return next((r["diverged"] for r in reversed(records) if "diverged" in r), {})
-
-
-class Progress:
-  """A train record at log steps: one metrics fetch, the NaN check, the line and its notes."""
-
-  def __init__(self, config, log, training: Training, start_step: int, echo, checkpoints):
-    self.config, self.log, self.echo = config, log, echo
-    # One call per record, not one per jnp op in it; compiled now, not inside the timed span
-    rates = lambda step: {name: schedule(step) for name, schedule in training.schedules.items()}
-    self.learning_rates = jax.jit(rates).lower(np.int32(0)).compile()
-    self.start_step, self.num_steps = start_step, training.num_steps
-    self.checkpoints = checkpoints  # named when training stops on NaN
-    self.seeds, self.columns = training.seeds, training.columns
-    # a sweep's points that diverged: {label: the log step that found it}, a resumed run's too
-    self.diverged = _diverged_before(log.workdir) if "point" in self.columns else {}
-    self.single_process = jax.process_count() == 1
-    self.is_main = jax.process_index() == 0
-    self.warned_long = False
-
-  def due(self, step: int, clock: Clock) -> bool:
-    """Every `log_every_steps`, the first and last call (feedback before a slow interval), and
-    once `log_every_seconds` passed. Not by time with several processes: each stops on NaN at
-    a log step, so those steps must be the same in all of them."""
-    first = self.start_step + self.config.steps_per_call  # the first call's last step
-    return (
-      step % self.config.log_every_steps == 0
-      or step in (first, self.num_steps)
-      or (self.single_process and clock.since_interval() >= self.config.log_every_seconds)
-    )
-
-  def write(self, step: int, in_flight: list, clock: Clock) -> None:
-    fetched = first_replica(in_flight)  # one fetch; blocks until these steps are done
-    if self.config.steps_per_call > 1:  # each call's metrics [steps, ...]: a dict a step
-      fetched = [{n: v[i] for n, v in m.items()} for m in fetched for i in range(len(m["loss"]))]
-    training, input_wait = clock.close_interval()
-    # Each a number, or one per point (seeds, a sweep): their mean is the record's. Every
-    # metric the step returns is averaged over the steps since the last record; the norms are
-    # the last step's. A sweep's learning rates: each point's.
-    last = lambda name: name in ("param_norm", "grad_norm")
-    values = {
-      name: np.asarray(fetched[-1][name]) if last(name) else np.mean([m[name] for m in fetched], 0)
-      for name in fetched[-1]
-    }
-    rates = {k: np.asarray(v) for k, v in self.learning_rates(np.int32(step - 1)).items()}
-    values |= {k: v for k, v in rates.items() if v.ndim}
-    record = {
-      "step": step,
-      **{name: float(np.mean(v)) for name, v in values.items()},
-      **{k: float(v) for k, v in rates.items() if not v.ndim},
-      "examples_per_sec": len(fetched) * self.config.batch_size / training,
-      "sec_per_batch": training / len(fetched),
-      "input_wait_fraction": input_wait / training,
-      "elapsed_sec": clock.since_launch(),  # this launch, wall clock
-      "eta_sec": (self.num_steps - step) * training / len(fetched),  # training only
-    }
-    several = len(self.seeds) > 1
-    if several:
-      record.update(metrics_lib.per_point(values, self.columns))
-    self._stop_on_nan(step, record, values)
-    self.log.train(record)
-    if not self.is_main:
-      return
-    first_call = self.start_step + self.config.steps_per_call  # it holds warm-up
-    if step > first_call and not self.warned_long:
-      self.warned_long = self._warn_if_long(record, self.num_steps - step)
-    if record["input_wait_fraction"] > INPUT_BOUND:
-      self.echo(INPUT_BOUND_ADVICE.format(record["input_wait_fraction"]))
-
-  def _stop_on_nan(self, step: int, record: dict, values: dict) -> None:
-    """Stops the run where its loss, gradients or parameters are not finite; in a sweep only
-    where no point's are: a point that diverged is named once, and the others go on (its
-    numbers leave the best point and the ranges)."""
-    finite = np.all([np.isfinite(values[k]) for k in ("loss", "grad_norm", "param_norm")], 0)
-    finite = np.broadcast_to(finite, len(self.seeds))
-    labels = self.columns.get("point")
-    if labels and finite.any():
-      for label, ok in zip(labels, finite, strict=True):
-        if not ok and label not in self.diverged:
-          self.diverged[label] = step
-          if self.is_main:
-            self.echo(
-              f"point {label} diverged by step {step} (its loss, gradients or parameters are "
-              "NaN/inf): its numbers leave the best point and the ranges; the other points go on"
-            )
-      if self.diverged:
-        record["diverged"] = dict(self.diverged)
-      return
-    if not finite.all():
-      which = [s for s, fine in zip(labels or self.seeds, finite, strict=True) if not fine]
-      where = f" in {'point' if labels else 'seed'} {', '.join(map(str, which))}"
-      raise UserError(
-        f"loss, gradients or parameters became NaN/inf by step {step}"
-        f"{where if len(self.seeds) > 1 else ''} (loss {record['loss']}); "
-        f"{self.checkpoints.kept()}; lower learning_rate or set grad_clip_norm"
-      )
-
-  def _warn_if_long(self, record: dict, steps_left: int) -> bool:
-    """Says once if the rest is projected to take over LONG_RUN_SEC; True if it did."""
-    if record["eta_sec"] <= LONG_RUN_SEC:
-      return False
-    self.echo(
-      f"note: at {record['sec_per_batch']:.3g} s/step the {steps_left:,} steps left take about "
-      f"{metrics_lib.duration(record['eta_sec'])} on {jax.device_count()} "
-      f"{jax.devices()[0].device_kind} device(s). Faster: the config's :smoke variant "
-      "(seconds), fewer steps (--config.num_epochs=N or --config.num_train_steps=N), or a GPU."
-    )
-    return True
-
-
-def check_profile_end(config, num_steps: int) -> None:
-  """A user error if `profile_steps` ends after the run's last step: the trace would never be
-  written. Checked once the step count is known (it may come from the data), before anything
-  is written; Profiler checks the start against the resumed step."""
-  window = tuple(config.profile_steps)
-  if window and window[1] > num_steps:
-    raise UserError(
-      f"profile_steps={window} ends after step {num_steps}, this run's last, so the trace "
-      f"would never be written; end it at step {num_steps} or before"
-    )
-
-
-class Profiler:
-  """A jax.profiler trace of the steps in `profile_steps` (start, stop) into WORKDIR/profile.
-  Its closing line names what else the window held (a log line's fetch, an eval, a
-  checkpoint), which a profile of steady steps lacks; `python -m tools.profile_summary`
-  sums the trace by kind of op."""
-
-  def __init__(self, config, workdir: Path, resume_step: int, echo):
-    self.window = tuple(config.profile_steps)
-    self.directory, self.echo = Path(workdir) / "profile", echo
-    self.held = []  # what the window held besides steps: "a log line at step 12", ...
-    self.active = False  # the trace records
-    if self.window and self.window[0] <= resume_step:  # checked before the workdir is written
-      length = self.window[1] - self.window[0]
-      what = "lies wholly before" if self.window[1] <= resume_step else "starts at or before"
-      raise UserError(
-        f"profile_steps={self.window} {what} step {resume_step}, where this run resumes, so it "
-        f"would not profile what you asked; use e.g. --config.profile_steps="
-        f"'({resume_step + 1}, {resume_step + 1 + length})'"
-      )
-
-  def before(self, step: int) -> None:
-    if self.window and step == self.window[0]:
-      jax.profiler.start_trace(str(self.directory))
-      self.active = True
-
-  def note(self, step: int, what: str) -> None:
-    """`what` happened after `step`: while the trace records, not a steady step's work."""
-    if self.active:
-      self.held.append(f"{what} at step {step}")
-
-  def after(self, step: int, rstate) -> None:
-    if self.window and step == self.window[1]:
-      jax.block_until_ready(rstate)
-      jax.profiler.stop_trace()
-      self.active = False
-      first, last = self.window
-      held = f"; it holds {', '.join(self.held)}" if self.held else ": steady steps only"
-      self.echo(f"wrote a profile of steps {first}-{last} to {self.directory}{held}")

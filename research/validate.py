@@ -3,7 +3,7 @@
 `train_config` runs before anything is loaded, compiled or written (train.setup calls it, and
 the scaling report, tools/scaling.py, before its first run), so a mistake costs one `error:` line.
 Checks that need more live where that is known: shard sizes and class counts with the data,
-the profile window against the resumed step (train.Profiler), the checkpoint's layout.
+the profile window against the resumed step (progress.Profiler), the checkpoint's layout.
 """
 
 import difflib

@@ -4,14 +4,14 @@ import importlib.metadata
 import json
 import re
 
-from research import configuration, train
+from research import configuration, progress
 from research.train import train_and_evaluate
 
 
 def test_lines_carry_elapsed_and_eta_slow_steps_log_on_time_and_long_runs_are_named(
   tmp_path, capsys, monkeypatch
 ):
-  monkeypatch.setattr(train, "LONG_RUN_SEC", 0.0)  # any projection counts as long here
+  monkeypatch.setattr(progress, "LONG_RUN_SEC", 0.0)  # any projection counts as long here
   config = configuration.load("configs/cifar_keras_cnn.py:smoke")
   # Steps alone would log at 1 and 6; time makes every step a log step.
   config.update(num_train_steps=6, log_every_steps=1000, log_every_seconds=1e-9)

@@ -65,7 +65,7 @@ def _start(workdir, devices=8, extra=(), program=("-m", "research.main")):
 # keeps the test's process busy.
 STOPS_ITSELF = """
 import os, sys, time
-from research import checkpoint, main, train
+from research import checkpoint, main, progress, train
 stop, at = int(sys.argv.pop(1)), sys.argv.pop(1)
 if at == "preview":
   preview = train.augmented_preview
@@ -82,12 +82,12 @@ elif at.startswith("checkpoint-"):
       time.sleep(1)
   checkpoint.Checkpoints.save = signalled_save
 else:
-  write = train.Progress.write
+  write = progress.Progress.write
   def signalled_write(self, step, *args):
     write(self, step, *args)
     if step == int(at):
       os.kill(os.getpid(), stop)
-  train.Progress.write = signalled_write
+  progress.Progress.write = signalled_write
 sys.exit(main.main())
 """
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from research import configuration, metrics, schedules, sweep, train, trained
+from research import configuration, metrics, progress, schedules, sweep, train, trained
 from research.errors import UserError
 from research.train import train_and_evaluate
 from tests.test_resilience import _events
@@ -202,14 +202,14 @@ def test_a_run_that_dies_resumes_exactly(seeds_runs, tmp_path, monkeypatch, caps
   shows it (VGG's seeds batched): the checkpoint holds every seed's state."""
   name, fields = "cifar_vgg", _fields("vmap")
   uninterrupted = seeds_runs(name, "vmap")
-  write = train.Progress.write
+  write = progress.Progress.write
 
   def dies_at_6(self, step, *args):
     if step == 6:
       raise SystemExit("killed")
     write(self, step, *args)
 
-  monkeypatch.setattr(train.Progress, "write", dies_at_6)
+  monkeypatch.setattr(progress.Progress, "write", dies_at_6)
   with pytest.raises(SystemExit):
     train_and_evaluate(_config(name, **fields), str(tmp_path))
   monkeypatch.undo()

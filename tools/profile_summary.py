@@ -2,7 +2,7 @@
 
   python -m tools.profile_summary WORKDIR/profile     # the newest trace under it
 
-A run writes WORKDIR/profile with `--config.profile_steps='(START,STOP)'` (research/train.py's
+A run writes WORKDIR/profile with `--config.profile_steps='(START,STOP)'` (research/progress.py's
 Profiler, whose closing line says whether the window held steady steps only). This reads the
 Chrome trace (`*.trace.json.gz`) jax.profiler wrote, takes every kernel on the device's streams
 (the events of the processes named /device:GPU:N, less the steps' own markers), sorts each into a
