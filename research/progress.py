@@ -1,6 +1,6 @@
 """The training loop's bookkeeping: where its wall time goes (Clock), its train records at log
 steps (Progress: one metrics fetch, the NaN check, the console line) and its profile
-(Profiler). research/train.py's loop calls them; they read the run `setup` built.
+(Profiler). research/train.py's loop calls them; they read the run research/run.py built.
 """
 
 import contextlib
@@ -71,7 +71,7 @@ def _diverged_before(workdir: Path) -> dict:
 
 class Progress:
   """A train record at log steps: one metrics fetch, the NaN check, the line and its notes.
-  `training`: the run train.setup built (its schedules, length, seeds and points)."""
+  `training`: the run run.setup built (its schedules, length, seeds and points)."""
 
   def __init__(self, config, log, training, start_step: int, echo, checkpoints):
     self.config, self.log, self.echo = config, log, echo

@@ -1,9 +1,9 @@
 """The training loop: pmap the single-device step, feed it, log, evaluate, checkpoint.
 
-`setup` builds what a run needs, each part once; `train_and_evaluate` pmaps the step and runs
-the loop. Where the data lives and how a step takes its examples is research/inputs.py; what
-one device does in a step is research/steps.py; what the loop records is research/progress.py
-(Clock, Progress, Profiler), so that the loop itself stays a screen long.
+research/run.py's `setup` builds what a run needs, each part once; `train_and_evaluate` pmaps
+the step and runs the loop. Where the data lives and how a step takes its examples is
+research/inputs.py; what one device does in a step is research/steps.py; what the loop records
+is research/progress.py (Clock, Progress, Profiler), so that the loop itself stays a screen long.
 The host here only dispatches steps and fetches metrics every `log_every_steps`.
 """
 
@@ -23,15 +23,12 @@ from pathlib import Path
 
 import flax
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import tqdm
 from jax import lax
 
-from research import checkpoint, losses, models, optim, steps, trained, validate
-from research import data as data_lib
-from research import inputs as inputs_lib
+from research import checkpoint, steps, trained
 from research import sweep as sweep_lib
 from research import workdir as workdir_lib
 from research.errors import UserError
@@ -40,262 +37,8 @@ from research.metrics import MetricsLog, eval_record
 from research.placement import first_replica, replicate, same_in_every_process, wait_for_all
 from research.preemption import Preempted, Preemption
 from research.progress import Clock, Profiler, Progress, check_profile_end
-from research.steps import AXIS, TrainState, create_train_state
-
-
-@dataclasses.dataclass
-class Training:
-  """Everything a run needs before its first step; `setup` builds each part once."""
-
-  inputs: Inputs
-  # the runs trained in one program (research/sweep.py): each point's seed (config.seed,
-  # config.seed + 1, ...; repeated across a sweep's values), and what its records name each
-  # point by (sweep.columns; {} for one run)
-  seeds: tuple
-  columns: dict
-  # unreplicated, on the host: checkpoints and logging use this copy; with several points,
-  # every leaf has a leading point axis
-  state: TrainState
-  from_data: "FromData | None"  # state -> state with the parameters the model takes from data
-  # steps.train_step for ONE device, all but (state, batch, horizon, seed, hyper) bound
-  # (several points: sweep.each_point, without a seed); without a horizon its schedules end
-  # at num_steps, without a seed its keys are the config's seed's: constants of the program.
-  # Traced, a model that names an axis the step lacks is a user error (steps.axis_checked).
-  train_step: Callable
-  # [(step count, train_step)]: from that step on, the step that no longer differentiates the
-  # parameter groups whose learning rate stays 0 from there (optim.frozen_from): the same
-  # parameters, less work; compiled with the first, before the clock
-  later_steps: tuple
-  augment: Callable  # the config's augmentation (research/augment.py build) -> float32 images
-  schedules: dict  # {record field: step -> the learning rate the optimizer applies}
-  num_steps: int
-  per_device_batch: int
-  micro_batch: int  # examples per forward/backward pass on each device
-  eval_every: int  # steps between periodic evals (0: at the end only)
-  checkpoint_every: int  # steps between checkpoints (0: by time and at the end only)
-  warm_up: bool  # the compiled step and eval run once, results discarded, before the clock
-  warm: dict | None  # what the state took from `init_from` (None: from scratch or resumed)
-  steps_per_call: int = 1  # steps one call of the compiled program runs (a lax.scan)
-  # {field path: value}: the float fields the compiled step takes as an argument
-  # (optim.hyper_values): a run with other values loads it from the compilation cache
-  hyper: dict = dataclasses.field(default_factory=dict)
-
-
-def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Training:
-  """Checks `config`, opens its data and builds the initial state and the step; writes nothing.
-  `warm_start`: the state starts from `config.init_from`'s checkpoint (checked before any data
-  is loaded)."""
-  checked = validate.train_config(config, jax.device_count())  # before any data is loaded
-  hyper = sweep_lib.hyper(config)  # the values each point takes, arguments of the step
-  if sweep_lib.sweeps_fields(config):  # a sweep's program: every transformation it needs
-    config = sweep_lib.structure(config)
-    checked = checked._replace(groups=optim.group_fields(config))  # what groups inherit too
-  model = models.create(config.model, AXIS)
-  known = data_lib.DATASETS.parts.get(config.dataset) is None  # its image size: from the config
-  if known:  # before any image is decoded
-    _check_outputs(config, model, checked.augment, (*[trained.stored_size(config)] * 2, 3))
-  source = trained.check_warm_start(config, checked.augment, model) if warm_start else None
-  seeds = sweep_lib.seeds_of(config)
-  inputs = inputs_lib.for_run(config, checked)
-  if not known:  # a registered dataset's arrays, loaded
-    _check_outputs(config, model, checked.augment, inputs.example_shape)
-  per_epoch = inputs.steps_per_epoch
-  num_steps = config.num_train_steps
-  if num_steps <= 0:
-    num_steps = config.num_epochs * per_epoch
-  tx = optim.create_optimizer(config, per_epoch, num_steps, checked.groups)  # once a run
-  state, warm = _first_state(config, model, inputs, checked.augment, tx, source)
-  train_step, micro_batch = build_step(config, checked, inputs, state)
-  switches = steps.STEPS.options[config.step].get("optimizer_only")  # steps.register
-  frozen = optim.frozen_from(config, checked.groups, num_steps) if switches else {}
-  later_steps = tuple(  # once a group's learning rate stays 0, a step without its gradient
-    (at, build_step(config, checked, inputs, state, names)[0]) for at, names in frozen.items()
-  )
-  eval_every = every_steps(config.eval_every_steps, config.eval_every_epochs, per_epoch)
-  checkpoint_every = every_steps(
-    config.checkpoint_every_steps, config.checkpoint_every_epochs, per_epoch
-  )
-  _check_steps_per_call(config, inputs, num_steps, eval_every, checkpoint_every)
-  return Training(
-    inputs,
-    seeds,
-    sweep_lib.columns(config),
-    state,
-    _from_data(config, inputs, checked.eval_preprocess.first_view, seeds),
-    train_step,
-    later_steps,
-    checked.augment,
-    _logged_schedules(config, per_epoch, num_steps, checked.groups),
-    num_steps,
-    checked.per_device_batch,
-    micro_batch,
-    eval_every,
-    checkpoint_every,
-    config.warm_up,
-    warm,
-    config.steps_per_call,
-    hyper,
-  )
-
-
-def _logged_schedules(config, per_epoch: int, num_steps: int, groups: dict) -> dict:
-  """{record field: step -> the learning rate the optimizer applies} (optim.logged_schedules);
-  in a sweep, each point's [points], as its single run logs it."""
-  if not sweep_lib.sweeps_fields(config):
-    return optim.logged_schedules(config, per_epoch, num_steps, groups)
-  each = []
-  for point in sweep_lib.points_of(config):
-    single = sweep_lib.point_config(config, point)
-    each.append(optim.logged_schedules(single, per_epoch, num_steps, optim.group_fields(single)))
-  return {name: lambda step, n=name: jnp.stack([s[n](step) for s in each]) for name in each[0]}
-
-
-def _check_steps_per_call(config, inputs: Inputs, num_steps: int, *periods: int) -> None:
-  """A user error unless `steps_per_call` steps make whole calls of the run: resident data (a
-  call's steps share their batch: the data and the epoch's order), an epoch, the run, and every
-  step something happens after (a log line, an eval, a checkpoint, a profile's ends)."""
-  k = config.steps_per_call
-  if k == 1:
-    return
-  if inputs.first_images is None:  # streamed: each step its own decoded batch
-    raise UserError(
-      f"steps_per_call={k} needs data resident on the devices; {inputs.name} streams (use "
-      "data_placement='resident', or steps_per_call=1)"
-    )
-  window = tuple(config.profile_steps)
-  counts = {
-    "an epoch's steps": inputs.steps_per_epoch,
-    "the run's steps": num_steps,
-    "log_every_steps": config.log_every_steps,
-    "the steps between evals": periods[0],
-    "the steps between checkpoints": periods[1],
-    **({"profile_steps' first step - 1": window[0] - 1, "its last": window[1]} if window else {}),
-  }
-  if wrong := [f"{name} ({n})" for name, n in counts.items() if n % k]:
-    raise UserError(
-      f"steps_per_call={k} does not divide {', '.join(wrong)}: each call runs {k} whole steps; "
-      "choose a steps_per_call that divides them (or change them)"
-    )
-
-
-def _first_state(config, model, inputs: Inputs, augment, tx, source) -> tuple:
-  """(the run's initial state on the host, what it took from `init_from`'s `source` or None):
-  with several points, each point's state (its seed's) stacked along a leading axis, each
-  taking init_from's weights as its single run would."""
-  init_key = steps.run_keys(config.seed)[0]
-  model_input = _model_input(augment, inputs.example_shape)
-  seeds = sweep_lib.seeds_of(config)
-  several = seeds if len(seeds) > 1 else None
-  # tx.init labels the parameters: a parameter group that matches none is an error here
-  state = create_train_state(init_key, config, model, model_input.shape[1:], tx, several)
-  states = sweep_lib.unstack(state, len(seeds)) if several else [state]
-  warmed = [trained.warm_start(s, source) for s in states]
-  state = sweep_lib.stack([s for s, _ in warmed]) if several else warmed[0][0]
-  return state, warmed[0][1]
-
-
-def build_step(config, checked, inputs: Inputs, state, also_frozen=()) -> tuple[Callable, int]:
-  """(the run's train step for ONE device, its micro-batch): the registered step config.step
-  names, given the run's pieces (steps.Run), all but (state, batch, horizon, seed, hyper) bound
-  (several points: sweep.each_point, without a seed); traced, a model that names an axis the step
-  lacks is a user error (steps.axis_checked). `also_frozen`: parameter groups it does not
-  differentiate besides those frozen for the whole run (optim.frozen_from)."""
-  seeds = sweep_lib.seeds_of(config)
-  one = sweep_lib.unstack(state, len(seeds))[0] if len(seeds) > 1 else state  # the shapes
-  micro_batch = steps.micro_batch_size(
-    config.micro_batch_size,
-    checked.per_device_batch,
-    batch_norm=bool(one.batch_stats),
-    backend=jax.default_backend(),
-  )
-  train_step = functools.partial(
-    steps.train_step,
-    step=config.step,
-    config=config,
-    gather=inputs.gather,
-    augment=checked.augment,
-    loss=functools.partial(losses.LOSSES.get(config.loss), config=config),
-    num_classes=config.model.num_classes,
-    micro_batch=micro_batch,
-    loss_scale=config.batch_size if config.loss_reduction == "sum" else 1.0,
-    frozen=optim.frozen_mask(config, one.params, checked.groups, also_frozen),
-  )
-  if len(seeds) > 1:
-    points, vectorized = sweep_lib.points_of(config), config.seeds_mode == "vmap"
-    train_step = sweep_lib.each_point(train_step, points, inputs.point_axes, vectorized=vectorized)
-  return steps.axis_checked(train_step, config.model.name), micro_batch
-
-
-def _model_input(augment, example_shape):
-  """The shape and dtype of a batch of one as the model sees it: a stored uint8 example of
-  `example_shape` through `augment`."""
-  example = jax.ShapeDtypeStruct((1, *example_shape), np.uint8)
-  return jax.eval_shape(augment, jax.random.key(0), example)
-
-
-def _check_outputs(config, model, augment, example_shape) -> None:
-  """A user error unless the model gives one logit per class for the run's images."""
-  images = _model_input(augment, example_shape)
-  models.check_outputs(model, images, config.model.num_classes, config.model.name)
-
-
-def every_steps(steps: int, epochs: float, steps_per_epoch: int) -> int:
-  """Steps between periodic evals or checkpoints: `steps` where > 0 (it overrides epochs, as
-  num_train_steps does num_epochs), else `epochs` epochs (at least 1 step), else 0 (off)."""
-  if steps > 0:
-    return steps
-  return max(1, round(epochs * steps_per_epoch)) if epochs > 0 else 0
-
-
-def _from_data(config, inputs: Inputs, preprocess, seeds: tuple) -> "FromData | None":
-  """What computes the parameters the model takes from data, or None where it takes none."""
-  functions = models.init_from_data(config.model)
-  if functions is None:
-    return None
-  if inputs.first_images is None:
-    raise UserError(
-      f"model {config.model.name!r} computes parameters from training images, which needs "
-      f"data resident on the devices; {inputs.name} streams (use data_placement='resident')"
-    )
-  return FromData(config.model, inputs.first_images, preprocess, *functions, seeds)
-
-
-@dataclasses.dataclass
-class FromData:
-  """state -> state with the parameters the model computes from `model.init_examples`
-  training images (a random sample, fixed by the seed), as the eval shows them to the model:
-  the preprocessing and the model's `data_statistics` on the device, its `init_from_data` on
-  the host (research/models/__init__.py). Once, before the first step; a resumed run has the
-  parameters in its checkpoint. `compile()` takes the sample and compiles the device part, so
-  that the call itself is the computation alone. `seeds`: one sample and one init per seed,
-  for a state with a leading seed axis (config.seeds > 1)."""
-
-  model_config: ml_collections.ConfigDict
-  first_images: Callable[[int], np.ndarray]
-  preprocess: Callable
-  statistics: Callable
-  init: Callable
-  seeds: tuple
-  _images: list | None = None  # each seed's sample
-  _compiled: Callable | None = None
-
-  def compile(self) -> None:
-    if self._compiled is None:
-      self._images = [self.first_images(self.model_config.init_examples, s) for s in self.seeds]
-      statistics = lambda images: self.statistics(
-        self.model_config, self.preprocess(jax.random.key(0), images)
-      )
-      self._compiled = jax.jit(statistics).lower(self._images[0]).compile()
-
-  def __call__(self, state):
-    self.compile()
-    one = lambda state, images: state.replace(
-      params=self.init(self.model_config, state.params, jax.device_get(self._compiled(images)))
-    )
-    if len(self.seeds) == 1:
-      return one(state, self._images[0])
-    states = sweep_lib.unstack(state, len(self.seeds))
-    return sweep_lib.stack([one(s, x) for s, x in zip(states, self._images, strict=True)])
+from research.run import Training, setup
+from research.steps import AXIS
 
 
 def _banner(text: str) -> str:

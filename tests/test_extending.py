@@ -19,7 +19,8 @@ from PIL import Image
 from research import augment, configuration, losses, models, steps
 from research.errors import UserError
 from research.placement import first_replica, replicate
-from research.train import setup, train_and_evaluate
+from research.run import setup
+from research.train import train_and_evaluate
 from tests import guide
 
 ROOT = Path(__file__).parent.parent

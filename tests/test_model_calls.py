@@ -10,7 +10,8 @@ from PIL import Image
 
 from research import checkpoint, configuration, data, models, trained
 from research.errors import UserError
-from research.train import setup, train_and_evaluate
+from research.run import setup
+from research.train import train_and_evaluate
 
 
 class _Plain(nn.Module):

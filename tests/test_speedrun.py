@@ -19,8 +19,9 @@ from research import augment, configuration, cpu_forms, optim, steps, train, val
 from research.errors import UserError
 from research.models import speedrun
 from research.placement import first_replica, replicate
+from research.run import setup
 from research.steps import AXIS
-from research.train import setup, train_and_evaluate
+from research.train import train_and_evaluate
 
 SMOKE = "configs/cifar_speedrun.py:smoke"
 

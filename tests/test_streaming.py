@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from research import inputs, train
+from research import inputs, progress, train
 from research.data import streaming
 from research.errors import UserError
 from research.train import train_and_evaluate
@@ -118,7 +118,7 @@ def test_slow_input_makes_input_wait_high_and_fast_input_keeps_it_low(
   share is known exactly."""
   clock = [0.0]
   monkeypatch.setattr(
-    train, "time", types.SimpleNamespace(perf_counter=lambda: clock[0], time=time.time)
+    progress, "time", types.SimpleNamespace(perf_counter=lambda: clock[0], time=time.time)
   )
   compile_step = train._compiled_step
 

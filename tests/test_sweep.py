@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from research import configuration, metrics, progress, schedules, sweep, train, trained
+from research import configuration, metrics, progress, run, schedules, sweep, train, trained
 from research.errors import UserError
 from research.train import train_and_evaluate
 from tests.test_resilience import _events
@@ -175,11 +175,11 @@ def test_the_speedrun_s_seeds_whiten_with_their_own_images():
   """Parameters from data, per seed: each seed's whitening filters are its single run's."""
   config = configuration.load("configs/cifar_speedrun.py:smoke")
   config.update(seed=SEEDS[0], seeds=len(SEEDS))
-  training = train.setup(config)
+  training = run.setup(config)
   together = training.from_data(training.state).params
   for i, seed in enumerate(SEEDS):
     config.update(seed=seed, seeds=1)
-    single = train.setup(config)
+    single = run.setup(config)
     alone = single.from_data(single.state).params
     np.testing.assert_array_equal(
       jax.tree.map(lambda x, i=i: x[i], together)["whiten"]["kernel"], alone["whiten"]["kernel"]
@@ -189,8 +189,8 @@ def test_the_speedrun_s_seeds_whiten_with_their_own_images():
 def test_a_fine_tune_starts_from_the_seed_it_names(runs):
   name, _, workdir, _ = runs
   with pytest.raises(UserError, match=r"trained seeds 1-2; choose .*--config.init_from_seed=N"):
-    train.setup(_config(name, init_from=str(workdir)), warm_start=True)
-  training = train.setup(_config(name, init_from=str(workdir), init_from_seed=2), True)
+    run.setup(_config(name, init_from=str(workdir)), warm_start=True)
+  training = run.setup(_config(name, init_from=str(workdir), init_from_seed=2), True)
   saved = trained.load(workdir, seed=2).variables["params"]
   same = jax.tree.map(np.array_equal, training.state.params, saved)
   assert all(jax.tree.leaves(same))
@@ -237,7 +237,7 @@ def test_points_that_do_not_fit_the_devices_stop_before_anything_is_written(
 
 def test_seeds_need_resident_data():
   with pytest.raises(UserError, match=r"2 seeds train on one resident copy of the data"):
-    train.setup(_config("cifar_vgg", seeds=2, dataset="imagenette"))
+    run.setup(_config("cifar_vgg", seeds=2, dataset="imagenette"))
 
 
 def test_a_seed_that_diverges_stops_the_run_and_is_named(tmp_path, nan_after_step):
@@ -347,10 +347,10 @@ def test_load_predict_and_init_from_take_the_best_point_or_the_named_one(sweep_r
   assert not same(each[0], each[1])
   with pytest.raises(UserError, match=r"point=learning_rate=0.01 matches none"):
     trained.load(workdir, point="learning_rate=0.01")
-  training = train.setup(_config("cifar_keras_cnn", init_from=str(workdir)), warm_start=True)
+  training = run.setup(_config("cifar_keras_cnn", init_from=str(workdir)), warm_start=True)
   assert same(training.state.params, each[best])
   config = _config("cifar_keras_cnn", init_from=str(workdir), init_from_point=LABELS[1 - best])
-  assert same(train.setup(config, warm_start=True).state.params, each[1 - best])
+  assert same(run.setup(config, warm_start=True).state.params, each[1 - best])
   Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(tmp_path / "a.png")
   out = tmp_path / "out.csv"
   for point, i in ((None, best), (LABELS[1 - best], 1 - best)):
@@ -397,7 +397,7 @@ def test_a_point_that_diverges_stops_alone(tmp_path, nan_after_step, capsys):
 )
 def test_a_field_that_cannot_be_swept_is_one_error_line(sweep, message):
   with pytest.raises(UserError, match=message):
-    train.setup(_config("cifar_keras_cnn", sweep=sweep))
+    run.setup(_config("cifar_keras_cnn", sweep=sweep))
 
 
 def test_a_learning_rate_built_in_python_cannot_be_swept(monkeypatch):
@@ -407,7 +407,7 @@ def test_a_learning_rate_built_in_python_cannot_be_swept(monkeypatch):
   monkeypatch.setitem(schedules.SCHEDULES.options, "in_python", {})
   config = _config("cifar_vgg", sweep="learning_rate=0.1,0.2", schedule="in_python")
   with pytest.raises(UserError, match=r"learning_rate cannot be swept: a schedule of this run"):
-    train.setup(config)
+    run.setup(config)
 
 
 def test_a_sweep_s_points_are_its_grid_times_its_seeds():

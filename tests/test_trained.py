@@ -14,7 +14,8 @@ from PIL import Image
 
 from research import checkpoint, configuration, environment, metrics, trained
 from research.errors import EXIT_USER_ERROR, UserError
-from research.train import setup, train_and_evaluate
+from research.run import setup
+from research.train import train_and_evaluate
 
 ROOT = Path(__file__).parent.parent
 SLICE = Path(__file__).parent / "data" / "cifar10_slice"  # 16 train + 8 test real JPEGs a class

@@ -10,7 +10,8 @@ import pytest
 from research import configuration, inputs, main, validate
 from research.data import load as load_in_memory
 from research.errors import UserError
-from research.train import setup, train_and_evaluate
+from research.run import setup
+from research.train import train_and_evaluate
 
 SMOKE = "configs/cifar_vgg.py:smoke"
 SLICE = Path(__file__).parent / "data" / "cifar10_slice"  # real JPEGs, 10 classes

@@ -58,8 +58,9 @@ from research import workdir as workdir_lib
 from research.data import folder
 from research.errors import EXIT_USER_ERROR, UserError, exit_interrupted
 from research.placement import replicate
+from research.run import setup
 from research.steps import AXIS
-from research.train import compile_step, setup, train_and_evaluate
+from research.train import compile_step, train_and_evaluate
 
 GOALS = {"loop_efficiency": 0.97, "augmentation_overhead": 0.95}
 CONFIGS = ("configs/cifar_vgg.py", "configs/cifar_keras_cnn.py")

@@ -267,7 +267,7 @@ def step_speed(config, steps: int, rounds: int = 1) -> dict:
   """Examples/s of the config's pmapped train step on device-resident data (the median of
   `rounds` timings of `steps` steps, each kept where there are several), and its FLOPs."""
 
-  from research import train
+  from research import run, train
   from research.placement import replicate
   from tools import benchmark
 
@@ -280,7 +280,7 @@ def step_speed(config, steps: int, rounds: int = 1) -> dict:
     eval_every_steps=0,
     eval_every_epochs=0.0,
   )
-  training = train.setup(config)
+  training = run.setup(config)
   batches = training.inputs.batches(0)
   first = next(batches)
   rstate = replicate(training.state)
