@@ -1,5 +1,6 @@
 """Two layers, one direction: the training library (research/) never imports the measurement
-tools (tools/), and no module reaches itself through its imports."""
+tools (tools/), and no module reaches itself through its imports. Every function of the
+library reads on one screen."""
 
 import ast
 import shutil
@@ -93,3 +94,20 @@ def test_without_the_tools_every_config_loads_and_a_run_trains(tmp_path):
   )  # fmt: skip
   assert trained.returncode == 0, trained.stderr[-2000:]
   assert "eval at step 2" in trained.stdout
+
+
+LONGEST_FUNCTION = 60  # lines, its docstring and comments included
+
+
+def test_every_function_of_the_library_is_at_most_60_lines():
+  """A model's `__call__` excepted: the network as its paper draws it, layer after layer."""
+  too_long = []
+  for path in sorted((ROOT / "research").rglob("*.py")):
+    for node in ast.walk(ast.parse(path.read_text())):
+      if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        continue
+      lines = node.end_lineno - node.lineno + 1
+      model_call = path.parent.name == "models" and node.name == "__call__"
+      if lines > LONGEST_FUNCTION and not model_call:
+        too_long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {lines} lines")
+  assert not too_long, too_long
