@@ -149,25 +149,24 @@ def eval_programs(preprocess, program) -> dict:
   return _once_each(eval_pipelines(preprocess), program)
 
 
-def check_shard(config, n_examples: int, n_devices: int, per_device_batch: int) -> int:
+def check_shard(batch_size: int, n_examples: int, n_devices: int, per_device_batch: int) -> int:
   """Examples per device; a user error if a device would not fill one batch."""
   shard_size = n_examples // n_devices  # the remainder (< n_devices) is not used
   if shard_size < per_device_batch:
     raise UserError(
-      f"batch_size={config.batch_size} needs {per_device_batch} examples per device but each "
+      f"batch_size={batch_size} needs {per_device_batch} examples per device but each "
       f"of the {n_devices} devices holds {shard_size}; lower batch_size"
     )
   return shard_size
 
 
-def global_batches(config, n_examples: int) -> int:
+def global_batches(batch_size: int, n_examples: int) -> int:
   """Global batches per epoch; a user error if the split does not fill one."""
-  if n_examples < config.batch_size:
+  if n_examples < batch_size:
     raise UserError(
-      f"batch_size={config.batch_size} is more than the {n_examples} training examples; "
-      "lower batch_size"
+      f"batch_size={batch_size} is more than the {n_examples} training examples; lower batch_size"
     )
-  return n_examples // config.batch_size
+  return n_examples // batch_size
 
 
 # --- resident: the whole split on the devices -------------------------------------------------
@@ -322,7 +321,7 @@ def _resident_train(config, data: ImageDataset, per_device_batch: int, shuffle_k
       "it, or train one run per launch (--config.seed=N, --config.FIELD=VALUE)"
     )
   if sharded:
-    shard_size = check_shard(config, n_examples, n_devices, per_device_batch)
+    shard_size = check_shard(config.batch_size, n_examples, n_devices, per_device_batch)
     rows = upload_shards(train, shard_size, shard_rows(config.seed, n_examples))
     steps_per_epoch = shard_size // per_device_batch
     order_of = functools.partial(
@@ -337,7 +336,7 @@ def _resident_train(config, data: ImageDataset, per_device_batch: int, shuffle_k
       f"{config.replicate_max_gb}): its batches depend on the device count"
     )
   else:
-    steps_per_epoch = global_batches(config, n_examples)
+    steps_per_epoch = global_batches(config.batch_size, n_examples)
     rows = upload_whole(train)
     in_order = functools.partial(
       global_order, shuffle_key=shuffle_key, n_examples=n_examples, batch_size=config.batch_size
@@ -445,7 +444,7 @@ def streamed(config, per_device_batch: int, preprocess, step_key, scanned=None) 
   n_local = jax.local_device_count()
   train_source, eval_source, description, content = streaming.sources(config, scanned)
   per_process = per_device_batch * n_local
-  steps_per_epoch = global_batches(config, len(train_source))
+  steps_per_epoch = global_batches(config.batch_size, len(train_source))
   train_ds = streaming.shuffled(train_source, config.seed)
   skipped = {}  # undecodable files passed over so far (skip_bad_images), each said once
   # tfds sources skip nothing

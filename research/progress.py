@@ -177,11 +177,11 @@ class Progress:
     return True
 
 
-def check_profile_end(config, num_steps: int) -> None:
+def check_profile_end(profile_steps, num_steps: int) -> None:
   """A user error if `profile_steps` ends after the run's last step: the trace would never be
   written. Checked once the step count is known (it may come from the data), before anything
   is written; Profiler checks the start against the resumed step."""
-  window = tuple(config.profile_steps)
+  window = tuple(profile_steps)
   if window and window[1] > num_steps:
     raise UserError(
       f"profile_steps={window} ends after step {num_steps}, this run's last, so the trace "
@@ -195,8 +195,8 @@ class Profiler:
   checkpoint), which a profile of steady steps lacks; `python -m tools.profile_summary`
   sums the trace by kind of op."""
 
-  def __init__(self, config, workdir: Path, resume_step: int, echo):
-    self.window = tuple(config.profile_steps)
+  def __init__(self, profile_steps, workdir: Path, resume_step: int, echo):
+    self.window = tuple(profile_steps)
     self.directory, self.echo = Path(workdir) / "profile", echo
     self.held = []  # what the window held besides steps: "a log line at step 12", ...
     self.active = False  # the trace records

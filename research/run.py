@@ -71,12 +71,12 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
   model = models.create(config.model, AXIS)
   known = data_lib.DATASETS.parts.get(config.dataset) is None  # its image size: from the config
   if known:  # before any image is decoded
-    _check_outputs(config, model, checked.augment, (*[trained.stored_size(config)] * 2, 3))
+    _check_outputs(config.model, model, checked.augment, (*[trained.stored_size(config)] * 2, 3))
   source = trained.check_warm_start(config, checked.augment, model) if warm_start else None
   seeds = sweep_lib.seeds_of(config)
   inputs = inputs_lib.for_run(config, checked)
   if not known:  # a registered dataset's arrays, loaded
-    _check_outputs(config, model, checked.augment, inputs.example_shape)
+    _check_outputs(config.model, model, checked.augment, inputs.example_shape)
   per_epoch = inputs.steps_per_epoch
   num_steps = config.num_train_steps
   if num_steps <= 0:
@@ -99,7 +99,7 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
     seeds,
     sweep_lib.columns(config),
     state,
-    _from_data(config, inputs, checked.eval_preprocess.first_view, seeds),
+    _from_data(config.model, inputs, checked.eval_preprocess.first_view, seeds),
     train_step,
     later_steps,
     checked.augment,
@@ -211,10 +211,10 @@ def _model_input(augment, example_shape):
   return jax.eval_shape(augment, jax.random.key(0), example)
 
 
-def _check_outputs(config, model, augment, example_shape) -> None:
+def _check_outputs(model_config, model, augment, example_shape) -> None:
   """A user error unless the model gives one logit per class for the run's images."""
   images = _model_input(augment, example_shape)
-  models.check_outputs(model, images, config.model.num_classes, config.model.name)
+  models.check_outputs(model, images, model_config.num_classes, model_config.name)
 
 
 def every_steps(steps: int, epochs: float, steps_per_epoch: int) -> int:
@@ -225,17 +225,17 @@ def every_steps(steps: int, epochs: float, steps_per_epoch: int) -> int:
   return max(1, round(epochs * steps_per_epoch)) if epochs > 0 else 0
 
 
-def _from_data(config, inputs: Inputs, preprocess, seeds: tuple) -> "FromData | None":
+def _from_data(model_config, inputs: Inputs, preprocess, seeds: tuple) -> "FromData | None":
   """What computes the parameters the model takes from data, or None where it takes none."""
-  functions = models.init_from_data(config.model)
+  functions = models.init_from_data(model_config)
   if functions is None:
     return None
   if inputs.first_images is None:
     raise UserError(
-      f"model {config.model.name!r} computes parameters from training images, which needs "
+      f"model {model_config.name!r} computes parameters from training images, which needs "
       f"data resident on the devices; {inputs.name} streams (use data_placement='resident')"
     )
-  return FromData(config.model, inputs.first_images, preprocess, *functions, seeds)
+  return FromData(model_config, inputs.first_images, preprocess, *functions, seeds)
 
 
 @dataclasses.dataclass

@@ -155,15 +155,15 @@ def train_and_evaluate(
     )
   data_identity = _data_identity(inputs)
   workdir_lib.check_data(workdir, data_identity, allow_data_change)
-  check_profile_end(config, num_steps)
+  check_profile_end(config.profile_steps, num_steps)
   bar = tqdm.tqdm(
     total=num_steps, unit="step", disable=not (is_main and sys.stdout.isatty()), leave=False
   )
   echo = bar.write if not bar.disable else functools.partial(print, flush=True)
   checkpoints = checkpoint.Checkpoints(workdir, config, echo, training.checkpoint_every)
-  state, extra_times = _initial_state(config, training, checkpoints, workdir, warm)
+  state, extra_times = _initial_state(training, checkpoints, workdir, warm)
   start_step = steps.step_of(state)
-  profiler = Profiler(config, workdir, start_step, echo)  # its window is checked here
+  profiler = Profiler(config.profile_steps, workdir, start_step, echo)  # its window is checked here
   rstate, skipped_at_start = replicate(state), len(inputs.skipped_files())
   stream = inputs.batches(start_step)
   first_batch = next(stream)
@@ -285,7 +285,7 @@ class Loop:
     return final
 
 
-def _initial_state(config, training: Training, checkpoints, workdir: Path, warm):
+def _initial_state(training: Training, checkpoints, workdir: Path, warm):
   """(state, extra): the newest checkpoint's state (a user error where its step is past the
   run's or not a whole number of calls), else the initial one with the parameters the model
   computes from data; extra: what that took, and what the run took from `init_from` (`warm`),
@@ -298,9 +298,9 @@ def _initial_state(config, training: Training, checkpoints, workdir: Path, warm)
       f"{training.num_steps} steps; resume with num_train_steps >= {start_step}, or use a new "
       "--workdir"
     )
-  if start_step % config.steps_per_call:  # a checkpoint of a run with another steps_per_call
+  if start_step % training.steps_per_call:  # a checkpoint of a run with another steps_per_call
     raise UserError(
-      f"{workdir} resumes at step {start_step}, which steps_per_call={config.steps_per_call} "
+      f"{workdir} resumes at step {start_step}, which steps_per_call={training.steps_per_call} "
       "does not divide; resume with a steps_per_call that divides it"
     )
   if not start_step and training.from_data:
