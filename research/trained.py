@@ -180,7 +180,7 @@ def load(
   seeds = run_seeds(config)
   index = chosen_point(workdir, config, seed, point, str(workdir))
   if index is not None:
-    variables, seeds = one_point(variables, config, index), ()
+    variables, seeds = one_point(variables, index), ()
   model = models.create(config.model, None)
   shape = tuple(workdir_lib.last_recorded(workdir, "example_shape") or ())  # runs before: RGB
   return Trained(config, run_classes(workdir, config), variables, model, step, seeds, shape)
@@ -199,10 +199,10 @@ def run_seeds(config) -> tuple:
   return seeds if len(seeds) > 1 else ()
 
 
-def one_point(tree, config, index: int):
-  """Point `index`'s part of a tree a run of `config` saved (leaves with a leading point axis
-  where it trained several points: seeds, a sweep's)."""
-  return jax.tree.map(lambda x: x[index], tree) if run_seeds(config) else tree
+def one_point(tree, index: int):
+  """Point `index`'s part of a tree a run of several points saved (seeds, a sweep's: every leaf
+  with a leading point axis), `index` as `chosen_point` gives it."""
+  return jax.tree.map(lambda x: x[index], tree)
 
 
 def chosen_point(workdir: Path, config, seed=None, point=None, what: str = "") -> int | None:
@@ -280,16 +280,14 @@ def evaluate(workdir, step: int | None = None, overrides=(), point: str | None =
   train = Path(config.data_dir) / "train"
   if config.dataset == "folder" and recorded and train.is_dir():  # listed, not yet decoded
     _check_classes(config.data_dir, folder.class_dirs(train), recorded)
-  # one point's eval: its single run's (no point axis); other datasets' classes follow from config
-  one = (
-    config if index is None else sweep_lib.point_config(config, sweep_lib.points_of(config)[index])
-  )
-  inputs = inputs_lib.for_run(one, checked)
-  model = models.create(config.model, AXIS)
   variables = {"params": used_params(state), "batch_stats": state.get("batch_stats", {})}
-  columns = sweep_lib.columns(config)
+  one = config  # one point's eval: its single run's (no point axis, no columns)
   if index is not None:
-    variables, columns = one_point(variables, config, index), {}
+    one = sweep_lib.point_config(config, sweep_lib.points_of(config)[index])
+    variables = one_point(variables, index)
+  inputs = inputs_lib.for_run(one, checked)  # other datasets' classes follow from config
+  model = models.create(config.model, AXIS)
+  columns = sweep_lib.columns(one)
   weights = Weights(variables["params"], variables["batch_stats"], models.apply_fn(model))
   start = time.perf_counter()
   record = eval_record(step, inputs.evaluate(replicate(weights), True), columns)
@@ -467,7 +465,7 @@ def _source_seed(config, workdir: Path, saved: dict) -> dict:
       "start from with --config.init_from_seed=N"
     )
   index = chosen_point(workdir, source, seed, point, f"init_from={config.init_from!r}")
-  return one_point(saved, source, index)
+  return one_point(saved, index)
 
 
 def _fits_nothing(name: str) -> UserError:
