@@ -65,8 +65,7 @@ class Clock:
 
 def _diverged_before(workdir: Path) -> dict:
   """The points of a sweep that diverged before this launch: its last record's `diverged`."""
-  records = workdir_lib.records(Path(workdir) / "metrics.jsonl")
-  return next((r["diverged"] for r in reversed(records) if "diverged" in r), {})
+  return workdir_lib.last_recorded(workdir, "diverged", "metrics.jsonl") or {}
 
 
 class Progress:

@@ -103,9 +103,10 @@ def records(path: Path) -> list[dict]:
   return found
 
 
-def last_recorded(workdir: Path, field: str):
-  """`field` of the last launch whose metadata.jsonl record has it (truthy), or None."""
-  return next((r[field] for r in reversed(records(Path(workdir) / METADATA)) if r.get(field)), None)
+def last_recorded(workdir: Path, field: str, name: str = METADATA):
+  """`field` of the last record of `workdir`'s JSON-lines file `name` that has it (truthy), or
+  None: by default the last launch's (metadata.jsonl)."""
+  return next((r[field] for r in reversed(records(Path(workdir) / name)) if r.get(field)), None)
 
 
 def launches(workdir: Path) -> list[dict]:
