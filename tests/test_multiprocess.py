@@ -111,17 +111,9 @@ def _start_two(workdir, *overrides, second=()):
   reads until the end would stop a process that fills it."""
   port = _free_port()
   env = environment.for_devices(4, "cpu")
-  command = [
-    sys.executable,
-    "-c",
-    MAIN,
-    "--config",
-    SMOKE,
-    f"--workdir={workdir}",
-    f"--coordinator_address=127.0.0.1:{port}",
-    "--num_processes=2",
-    *overrides,
-  ]
+  command = _command(
+    workdir, f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", *overrides
+  )
   processes = []
   for i in range(2):
     with open(_log(workdir, i), "w") as log:
@@ -131,6 +123,11 @@ def _start_two(workdir, *overrides, second=()):
         )
       )
   return processes
+
+
+def _command(workdir, *overrides) -> list[str]:
+  """research.main (MAIN) training SMOKE in `workdir`."""
+  return [sys.executable, "-c", MAIN, "--config", SMOKE, f"--workdir={workdir}", *overrides]
 
 
 def _log(workdir, process_id: int):
@@ -205,16 +202,7 @@ def test_sigterm_to_one_process_stops_both_and_the_resumed_pair_steps_as_one_pro
   # process on 8 ends 3.7e-6 from one on 4 too.
   with open(one.with_name("one.log"), "w") as log:
     ran = subprocess.run(
-      [
-        sys.executable,
-        "-c",
-        MAIN,
-        "--config",
-        SMOKE,
-        f"--workdir={one}",
-        *args,
-        f"--config.num_train_steps={end}",
-      ],
+      _command(one, *args, f"--config.num_train_steps={end}"),
       env=environment.for_devices(4, "cpu"),
       stdout=log,
       stderr=log,
