@@ -154,10 +154,14 @@ def _finish_two(processes, workdir, returncode=0) -> list[str]:
   return outputs
 
 
-def _logged_steps(workdir) -> list[int]:
+def _train_records(workdir) -> list[dict]:
   path = workdir / "metrics.jsonl"
   lines = path.read_text().splitlines() if path.exists() else []
-  return [r["step"] for r in map(json.loads, lines) if "loss" in r]
+  return [r for r in map(json.loads, lines) if "loss" in r]
+
+
+def _logged_steps(workdir) -> list[int]:
+  return [r["step"] for r in _train_records(workdir)]
 
 
 @pytest.mark.rounding
@@ -209,19 +213,26 @@ def test_sigterm_to_one_process_stops_both_and_the_resumed_pair_steps_as_one_pro
       timeout=300,
     )
   assert ran.returncode == 0, one.with_name("one.log").read_text()[-3000:]
-  # The pair sums each gradient and BatchNorm statistic over its 8 devices in another order
-  # than one process over 4, and float32 rounds each order differently: a sum of 8 terms moves
-  # by at most 7 units of rounding (6e-8) of the sum of their sizes, which is at most 6.3 times
-  # the sum's own here (measured per leaf at such a state), so by < 3e-6 of the gradient per
-  # step. Allowed: 1e-4 of each leaf's movement, where a pair that took other examples or
-  # averaged over other devices differs by the steps' own size.
-  for a, b, s in zip(
-    jax.tree.leaves(_params(two, config, end)),
-    jax.tree.leaves(_params(one, config, end)),
-    jax.tree.leaves(start),
-    strict=True,
-  ):
-    assert np.linalg.norm(a - b) <= 1e-4 * np.linalg.norm(b - s)
+  # What the test is about: the pair resumes and takes the same examples as one process, and
+  # averages over all 8 devices. Each bound lies between two effects orders of magnitude apart:
+  # - float rounding: the pair sums each gradient, BatchNorm statistic and convolution in
+  #   other orders than one process (YNNPACK blocks by a device's batch), each order rounding by
+  #   at most n·u of its terms (u = 6e-8). The logged loss, a mean of 64 positive terms, moves
+  #   by <= 64·u plus the forward pass's rounding, some sqrt(K)·u a layer over 11 layers of
+  #   K <= 4608 products (about 5e-5 relative at worst for random signs); the whole update moves
+  #   by rounding of the same order (3e-6 measured, 2026-11-29, on both of .ci/run's kernel sets).
+  # - a wrong example or average: a batch of other examples moves the 2 steps' mean loss by
+  #   about its spread over 64 examples (0.5 · sqrt(2/64), some 7 % of 1.3); a mean over one
+  #   process's 4 devices instead of all 8 moves the whole update by tens of percent.
+  # So the loss to 1e-3 relative and the whole update (every leaf at once, not each: a leaf whose
+  # gradient terms cancel moves little and rounds like the others, 1.5e-3 of its own movement
+  # seen on a Zen 4) to 1e-3 of its size.
+  pair, single = (_train_records(w)[-1] for w in (two, one))
+  assert pair["step"] == single["step"] == end
+  assert abs(pair["loss"] - single["loss"]) <= 1e-3 * single["loss"], (pair, single)
+  flat = lambda params: np.concatenate([np.ravel(x) for x in jax.tree.leaves(params)])
+  a, b, s = (flat(p) for p in (_params(two, config, end), _params(one, config, end), start))
+  assert np.linalg.norm(a - b) <= 1e-3 * np.linalg.norm(b - s)
 
 
 def _saved(workdir) -> list[int]:
