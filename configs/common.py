@@ -74,6 +74,11 @@ def training_defaults() -> ml_collections.ConfigDict:
 
   # The train step, registered (research/steps.py): "standard", or a fork's (docs/extending.md)
   c.step = "standard"
+  # BatchNorm's statistics in training: "global", over the global batch on any device count
+  # (every BatchNorm is pointed at the step's axis, one written for one device too);
+  # "per_device", each device's own examples (ghost BatchNorm): results then depend on the
+  # device count, and the running statistics are averaged over the devices after each step
+  c.batch_norm_statistics = "global"
 
   # Optimizer (optax).
   c.optimizer = "sgd"  # registered (research/optim.py): "sgd", "adam", "rmsprop", "muon", ...

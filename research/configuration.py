@@ -115,6 +115,8 @@ def _parse_value(text: str, current):
   try:
     value = ast.literal_eval(text)
   except (ValueError, SyntaxError):
+    if isinstance(current, tuple):  # names as a shell user writes them: mine, or mine,theirs
+      return tuple(name.strip() for name in text.split(",") if name.strip())
     raise ValueError(f"cannot parse {text!r} as {_a(type(current))}") from None
   if isinstance(current, bool) and not isinstance(value, bool):
     raise ValueError(f"{text!r} is not True or False")

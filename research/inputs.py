@@ -76,8 +76,11 @@ class Inputs:
   order_per_device: bool = False  # True: the training batches depend on the device count
 
 
-def make(config, *, per_device_batch, augment, preprocess, shuffle_key, step_key) -> Inputs:
-  """The config's data, resident on the devices or streamed from host workers."""
+def make(
+  config, *, per_device_batch, augment, preprocess, shuffle_key, step_key, metrics=()
+) -> Inputs:
+  """The config's data, resident on the devices or streamed from host workers; its evals sum
+  `metrics` (research/metrics.py `shapes`) besides loss and accuracy."""
   scanned = None
   if config.dataset == "folder":
     scanned = folder.scan(config.data_dir, config.skip_bad_images)
@@ -99,18 +102,18 @@ def make(config, *, per_device_batch, augment, preprocess, shuffle_key, step_key
           "central_crop) for streamed data: the host pads images to squares and the op reads "
           "only each image's valid part"
         )
-    inputs = streamed(config, per_device_batch, preprocess, step_key, scanned)
+    inputs = streamed(config, per_device_batch, preprocess, step_key, scanned, metrics)
   elif scanned is None:
     data = data_lib.load(config)
-    inputs = resident(config, data, per_device_batch, preprocess, shuffle_key, step_key)
+    inputs = resident(config, data, per_device_batch, preprocess, shuffle_key, step_key, metrics)
   else:
     size = config.host_image_size
     data = folder.load_resident(scanned, config.skip_bad_images, size)
-    inputs = resident(config, data, per_device_batch, preprocess, shuffle_key, step_key)
+    inputs = resident(config, data, per_device_batch, preprocess, shuffle_key, step_key, metrics)
     summary = folder.summary(scanned, len(data.skipped_files), data.resized, size)
     inputs = dataclasses.replace(inputs, passed_over=tuple(scanned.passed_over), summary=summary)
-  folder_classes = scanned.classes if scanned is not None else None
-  classes = class_names(inputs.name, config.model.num_classes, folder_classes)
+  given = scanned.classes if scanned is not None else inputs.classes  # a dataset's own names
+  classes = class_names(inputs.name, config.model.num_classes, given)
   return dataclasses.replace(inputs, classes=classes)
 
 
@@ -124,6 +127,7 @@ def for_run(config, checked) -> Inputs:
     preprocess=checked.eval_preprocess,
     shuffle_key=shuffle_key,
     step_key=step_key,
+    metrics=checked.metrics,
   )
 
 
@@ -250,7 +254,7 @@ def resident_eval(state, shard, *, preprocess, per_device_batch: int, metrics=()
 
 
 def resident(
-  config, data: ImageDataset, per_device_batch: int, preprocess, shuffle_key, step_key
+  config, data: ImageDataset, per_device_batch: int, preprocess, shuffle_key, step_key, metrics=()
 ) -> Inputs:
   """Uploads `data` once: the training split whole on every device where it is at most
   replicate_max_gb (every step's global batch then depends on the seed alone), else sharded
@@ -270,7 +274,7 @@ def resident(
         next_order = order_of(step // steps_per_epoch + 1)  # dispatched, not awaited
       yield train.rows, order
 
-  evaluate, compile_evals = _resident_evals(config, data, preprocess)
+  evaluate, compile_evals = _resident_evals(config, data, preprocess, metrics)
   return Inputs(
     name=data.name,
     source=data.source,
@@ -290,6 +294,7 @@ def resident(
     skipped_files=lambda: list(data.skipped_files),
     layout=train.layout,
     order_per_device=train.sharded,
+    classes=tuple(data.classes),
     # (the data, each point's order)
     point_axes=(None, 0) if len(sweep_lib.points_of(config)) > 1 else None,
   )
@@ -353,7 +358,7 @@ def _resident_train(config, data: ImageDataset, per_device_batch: int, shuffle_k
   return _Train(rows, steps_per_epoch, jax.jit(order_of), sharded, layout)
 
 
-def _resident_evals(config, data: ImageDataset, preprocess) -> tuple[Callable, Callable]:
+def _resident_evals(config, data: ImageDataset, preprocess, metrics) -> tuple[Callable, Callable]:
   """(evaluate, compile_evals) of Inputs over the test split, uploaded once, padded to whole
   eval batches and sharded over the devices."""
   n_devices = jax.device_count()
@@ -366,7 +371,7 @@ def _resident_evals(config, data: ImageDataset, preprocess) -> tuple[Callable, C
       resident_eval,
       preprocess=pipeline,
       per_device_batch=eval_batch,
-      metrics=tuple(config.eval_metrics),
+      metrics=metrics,
     )
     return jax.vmap(fn, in_axes=(0, None)) if len(sweep_lib.points_of(config)) > 1 else fn
 
@@ -435,7 +440,9 @@ def streamed_eval(state, batch, totals, *, preprocess, metrics=()):
   return jax.tree.map(jnp.add, totals, lax.psum(sums, AXIS))
 
 
-def streamed(config, per_device_batch: int, preprocess, step_key, scanned=None) -> Inputs:
+def streamed(
+  config, per_device_batch: int, preprocess, step_key, scanned=None, metrics=()
+) -> Inputs:
   """A streamed dataset (`scanned`: the image folder, if already listed)."""
   environment.check(environment.STREAMED)
   from research.data import streaming  # grain (and tfds): only streamed datasets need them
@@ -462,13 +469,13 @@ def streamed(config, per_device_batch: int, preprocess, step_key, scanned=None) 
   pipelines = eval_pipelines(preprocess)
 
   def eval_program(pipeline):
-    fn = functools.partial(streamed_eval, preprocess=pipeline, metrics=tuple(config.eval_metrics))
+    fn = functools.partial(streamed_eval, preprocess=pipeline, metrics=metrics)
     return jax.pmap(fn, axis_name=AXIS)
 
   p_evals = eval_programs(preprocess, eval_program)
 
   def evaluate(rstate, all_views=True):
-    zeros = steps.zero_totals(pipelines[all_views], tuple(config.eval_metrics))
+    zeros = steps.zero_totals(pipelines[all_views], metrics)
     totals = replicate(jax.device_get(zeros))  # on device
     stream = streaming.eval_batches(eval_source, eval_per_process, config.data_workers, share)
     for batch in prefetch_to_devices(stream, config.prefetch, on_eval):

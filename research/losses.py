@@ -15,6 +15,12 @@ from research.registry import Registry
 
 LOSSES = Registry("loss", "loss")
 register = LOSSES.register
+FIELDS = ("label_smoothing", "aux_loss_weight")  # what a loss reads of the library's fields
+
+
+def reads(name: str) -> tuple:
+  """The config fields the loss `name` reads: a loss's and those it declares."""
+  return (*FIELDS, *LOSSES.fields[name])
 
 
 @register("cross_entropy")

@@ -1,26 +1,93 @@
 """Where a run's numbers go: the console, WORKDIR/metrics.jsonl and TensorBoard event files;
 and the eval metrics a config adds, found by name.
 
-An eval metric is `metric(logits, labels) -> [batch]`, a value per example (logits float32
-[batch, classes] as the eval computes them, every view averaged; labels int32 [batch]),
-registered with `@research.metrics.register("name")` in a module of `config.modules` and
-named in `config.eval_metrics`. It is summed over the test split, each example once, and
-divided by their count, as accuracy is: `eval_NAME` in every eval record (each seed's too),
-the eval line, TensorBoard and `./launch.sh eval`.
+An eval metric is `metric(logits, labels) -> [batch, ...]`, a value per example of any shape
+(logits float32 [batch, classes] as the eval computes them, every view averaged; labels int32
+[batch]), registered with `@research.metrics.register("name")` in a module of
+`config.modules` and named in `config.eval_metrics`. The eval sums the values over the test
+split, each example once (padding masked), on any device count and eval batch size; then
+`finish(totals, count)` gives the reported value (`register(name, finish=f)`; default
+`totals / count`, the mean over the examples, as accuracy is). The value may be an array
+(`per_class_accuracy`, a confusion matrix): `eval_NAME` in every eval record (a list), the eval
+line (a short summary), TensorBoard (a scalar a class, a histogram or an image) and
+`./launch.sh eval`. Each metric's shape is checked before anything compiles (`shapes`).
 """
 
 import json
 import time
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 from PIL import Image
 
 from research import workdir as workdir_lib
+from research.errors import UserError
 from research.registry import Registry
 
 EVAL_METRICS = Registry("eval metric", "eval_metrics")
-register = EVAL_METRICS.register
+register = EVAL_METRICS.register  # register(name, finish=f): f(totals, count) -> the value
+
+
+@register("per_class_accuracy", finish=lambda totals, count: per_class(totals))
+def per_class_accuracy(logits, labels):
+  """Each class's accuracy over its test examples (NaN for a class the split lacks): a value
+  per example [batch, 2, classes], its correct prediction and its class one-hot, summed over
+  the split, then divided (`per_class`)."""
+  label = jax.nn.one_hot(labels, logits.shape[-1])  # [batch, classes]
+  correct = (logits.argmax(-1) == labels)[:, None] * label
+  return jnp.stack([correct, label], 1)
+
+
+def per_class(totals) -> np.ndarray:
+  """[classes] accuracies from the totals [2, classes] of `per_class_accuracy`'s values."""
+  with np.errstate(invalid="ignore", divide="ignore"):
+    return totals[0] / totals[1]
+
+
+def shapes(names, num_classes: int) -> tuple:
+  """((name, the shape of its value per example beyond the batch), ...) of the eval metrics
+  `names`, traced (jax.eval_shape) on logits [batch, num_classes] and labels [batch] at two
+  batch sizes other than the class count; a user error for a metric that does not return one
+  value per example."""
+  found = []
+  for name in names:
+    metric, outs = EVAL_METRICS.get(name), []
+    for batch in (num_classes + 1, num_classes + 2):
+      logits = jax.ShapeDtypeStruct((batch, num_classes), jnp.float32)
+      out = jax.eval_shape(metric, logits, jax.ShapeDtypeStruct((batch,), jnp.int32))
+      shape = getattr(out, "shape", None)
+      if shape is None or shape[:1] != (batch,) or (outs and shape[1:] != outs[0]):
+        got = f"shape {shape}" if shape is not None else type(out).__name__
+        raise UserError(
+          f"eval metric {name!r} returns {got} for a batch of {batch} (logits [{batch}, "
+          f"{num_classes}], labels [{batch}]); a metric returns a value per example, [batch, "
+          "...]: the eval sums them over the split, and register(name, finish=f) turns the "
+          "totals into a value over the whole split, as balanced accuracy needs "
+          "(docs/extending.md)"
+        )
+      outs.append(shape[1:])
+    found.append((name, outs[0]))
+  return tuple(found)
+
+
+def finish(name: str, totals, count):
+  """The reported value of metric `name` from its `totals` over the split and the example
+  `count` (several points: each point's, stacked)."""
+  totals, count = np.asarray(totals, np.float64), np.asarray(count, np.float64)
+  done = EVAL_METRICS.options[name].get("finish") or (lambda t, n: t / n)
+  if count.ndim:
+    each = zip(totals, count, strict=True)
+    return np.stack([np.asarray(done(t, n), np.float64) for t, n in each])
+  return np.asarray(done(totals, count), np.float64)
+
+
+def plain(value):
+  """A value as JSON holds it: a float, or (nested) lists of floats."""
+  value = np.asarray(value, np.float64)
+  return float(value) if not value.ndim else value.tolist()
+
 
 TRAIN_SCALARS = (
   "loss",
@@ -39,9 +106,27 @@ RECORD_KEYS = (
 
 
 def step_metrics(record: dict) -> list[str]:
-  """The names of the metrics a fork's step adds to a train record, beyond TRAIN_SCALARS."""
+  """The names of the metrics a fork's step adds to a train record, beyond TRAIN_SCALARS (and
+  beyond the `NAME_std` that a record of several points adds for each)."""
   own = lambda k: k in TRAIN_SCALARS + RECORD_KEYS or k.startswith("learning_rate/")
-  return [k for k in record if not own(k) and not k.endswith("_std")]
+  several = "per_seed" in record or "per_point" in record
+  added = lambda k: several and k.endswith("_std") and k.removesuffix("_std") in record
+  return [k for k in record if not own(k) and not added(k)]
+
+
+def check_step_metrics(names, several: bool) -> None:
+  """A user error for a metric of the step whose name a train record gives another value:
+  one of the record's own fields, or (several points) NAME_std beside a metric NAME."""
+  taken = set(TRAIN_SCALARS + RECORD_KEYS) - {"loss", "accuracy", "grad_norm", "param_norm"}
+  clash = [n for n in names if n in taken or n.startswith("learning_rate/")]
+  if several:
+    clash += [n for n in names if n.endswith("_std") and n.removesuffix("_std") in names]
+  if clash:
+    raise UserError(
+      f"the train step returns a metric {clash[0]!r}, a name the train records give "
+      + ("the points' standard deviation" if clash[0].endswith("_std") else "their own field")
+      + "; name it otherwise"
+    )
 
 
 def group_learning_rates(record: dict) -> list[str]:
@@ -57,44 +142,74 @@ def duration(seconds: float) -> str:
   return (f"{days}d " if days else "") + f"{hours}:{minutes:02d}:{sec:02d}"
 
 
+def _finite_points(values) -> np.ndarray:
+  """[points] bool: which points have every value finite (`values`: arrays [points, ...])."""
+  rows = lambda v: np.isfinite(np.asarray(v, np.float64)).reshape(len(v), -1).all(1)
+  return np.all([rows(v) for v in values], 0)
+
+
+BEST = "by final eval accuracy, then eval cross-entropy"
+
+
 def per_point(values: dict, columns: dict) -> dict:
   """A record of several points (research/sweep.py): each value's mean and standard deviation
-  (`NAME`, `NAME_std`, n - 1 in the denominator) and each point's values in the order of
-  `columns` (sweep.columns). A run of seeds: over all of them, under `per_seed`. A sweep: over
-  the points whose values are all finite (a diverged point's are left out), under
-  `per_point`, with `best_point`: the highest eval accuracy's (an eval record), else the
-  lowest loss's."""
+  over them (`NAME`, `NAME_std`, n - 1 in the denominator; element by element for an array
+  metric) and each point's values in the order of `columns` (sweep.columns). A run of seeds:
+  over all of them, under `per_seed`. A sweep: over the points whose values are all finite (a
+  diverged point's are left out), under `per_point`; an eval record's with `best_point`, the
+  highest eval accuracy's, of those the lowest eval cross-entropy's (BEST)."""
   values = {name: np.asarray(v, np.float64) for name, v in values.items()}
   each = {name: v.tolist() for name, v in values.items()}
-  live = np.all([np.isfinite(v) for v in values.values()], 0)
+  live = _finite_points(list(values.values()))
   if "point" not in columns or not live.any():  # none finite: the means say so
     live = np.ones_like(live)
-  added = {name: float(np.mean(v[live])) for name, v in values.items()}
-  std = lambda v: float(np.std(v, ddof=1)) if len(v) > 1 else 0.0
+  added = {name: plain(np.mean(v[live], 0)) for name, v in values.items()}
+  std = lambda v: plain(np.std(v, 0, ddof=1) if len(v) > 1 else np.zeros(v.shape[1:]))
   added |= {f"{name}_std": std(v[live]) for name, v in values.items()}
   if "point" not in columns:
     return added | {"per_seed": {**columns, **each}}
-  score = values["eval_accuracy"] if "eval_accuracy" in values else -values["loss"]
-  best = int(np.argmax(np.where(live, score, -np.inf)))
-  return added | {"per_point": {**columns, **each}, "best_point": columns["point"][best]}
+  added["per_point"] = {**columns, **each}
+  if "eval_accuracy" in values:  # lexsort: the last key first
+    order = np.lexsort((values["eval_loss"], -values["eval_accuracy"], ~live))
+    added["best_point"] = columns["point"][int(order[0])]
+  return added
+
+
+def summary(value, digits: int = 4) -> str:
+  """An array metric's value in a line: its values where there are at most 10, else its shape,
+  mean, min and max (NaN, a class the split lacks, left out)."""
+  value = np.asarray(value, np.float64)
+  if value.size <= 10:
+    return "[" + " ".join(f"{x:.{digits}f}" for x in value.ravel()) + "]"
+  finite = value[np.isfinite(value)]
+  if not finite.size:
+    return f"[{'×'.join(map(str, value.shape))}: no finite values]"
+  stats = (("mean", np.mean), ("min", np.min), ("max", np.max))
+  stats = ", ".join(f"{k} {f(finite):.{digits}f}" for k, f in stats)
+  return f"[{'×'.join(map(str, value.shape))}: {stats}]"
 
 
 def _spread(record: dict, name: str, digits: int) -> str:
   """`0.1234`; `0.1234 ± 0.0056` for a record of several seeds; for a sweep's, the best point's
-  value and the range over the points: `0.1234 [0.1100, 0.1300]`."""
-  std = record.get(f"{name}_std")
+  value (an eval record's; a train record's: the points' mean) and the range over the points:
+  `0.1234 [0.1100, 0.1300]`. An array metric: its `summary` (the best point's, the mean)."""
+  value, std = record[name], record.get(f"{name}_std")
   if "per_point" in record:
     each = record["per_point"]
-    values = [v for v, live in zip(each[name], _live(each), strict=True) if live] or each[name]
-    best = each[name][each["point"].index(record["best_point"])]
-    return f"{best:.{digits}f} [{min(values):.{digits}f}, {max(values):.{digits}f}]"
-  return f"{record[name]:.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else "")
+    if "best_point" in record:
+      value = each[name][each["point"].index(record["best_point"])]
+    if not isinstance(value, list):
+      values = [v for v, live in zip(each[name], _live(each), strict=True) if live] or each[name]
+      return f"{value:.{digits}f} [{min(values):.{digits}f}, {max(values):.{digits}f}]"
+  if isinstance(value, list):
+    return summary(value, digits)
+  return f"{value:.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else "")
 
 
 def _live(each: dict) -> list[bool]:
   """Which points of a record's `per_point` have every value finite (not diverged)."""
   numbers = [v for k, v in each.items() if k not in ("point", "seed", "swept")]
-  return np.all(np.isfinite(np.asarray(numbers, np.float64)), 0).tolist()
+  return _finite_points(numbers).tolist()
 
 
 def _best(record: dict) -> str:
@@ -102,7 +217,9 @@ def _best(record: dict) -> str:
   if "per_point" not in record:
     return ""
   n = len(record["per_point"]["point"])
-  return f"; values of the best point ({record['best_point']} of {n}), [the points' range]"
+  if "best_point" not in record:
+    return f"; the mean of the {n} points, [their range]"
+  return f"; values of the best point ({record['best_point']} of {n}, {BEST}), [the points' range]"
 
 
 def format_train_line(record: dict) -> str:
@@ -122,6 +239,7 @@ def format_train_line(record: dict) -> str:
 def eval_record(step: int, totals: dict, columns=None) -> dict:
   """The eval record of `totals` (steps.eval_sums summed over the test split). Its loss is
   cross-entropy whatever loss the run trains by (`config.loss`, its train records' `loss`).
+  A registered metric's value is its `finish` of its totals (`finish`), a list for an array.
   Totals of several points (one value per point, named by `columns`, sweep.columns): their
   means, and each point's (`per_point`)."""
   count = np.asarray(totals["count"], np.float64)
@@ -132,7 +250,7 @@ def eval_record(step: int, totals: dict, columns=None) -> dict:
   if "correct_first_view" in totals:  # test-time augmentation: the plain accuracy too
     values["eval_accuracy_first_view"] = np.asarray(totals["correct_first_view"]) / count
   for name in eval_metric_names(totals):
-    values[f"eval_{name}"] = np.asarray(totals[f"metric/{name}"]) / count
+    values[f"eval_{name}"] = finish(name, totals[f"metric/{name}"], count)
   record = {
     "step": step,
     "eval_loss": float(np.mean(values["eval_loss"])),
@@ -143,7 +261,8 @@ def eval_record(step: int, totals: dict, columns=None) -> dict:
   if "eval_accuracy_first_view" in values:
     record["eval_accuracy_first_view"] = float(np.mean(values["eval_accuracy_first_view"]))
   for name in eval_metric_names(totals):
-    record[f"eval_{name}"] = float(np.mean(values[f"eval_{name}"]))
+    value = values[f"eval_{name}"]
+    record[f"eval_{name}"] = plain(np.mean(value, 0) if count.ndim else value)
   if count.ndim:
     record.update(per_point(values, columns))
   return record
@@ -178,6 +297,22 @@ def format_eval_line(record: dict) -> str:
     + (f" (each seed: {', '.join(f'{a:.4f}' for a in seeds)})" if seeds else "")
     + _best(record)
   )
+
+
+def add_to(writer, tag: str, value, step: int) -> None:
+  """`value` in TensorBoard as it reads: a scalar; an array of at most 32 values a scalar each
+  (`TAG/i`, a class's); a longer vector a histogram; a matrix an image (scaled by its largest
+  value: a confusion matrix). Values that are not finite are left out (TensorBoard only warns)."""
+  value = np.asarray(value, np.float64)
+  if value.ndim == 0 or (value.ndim == 1 and value.size <= 32):
+    for i, x in enumerate(value.reshape(-1)):
+      if np.isfinite(x):
+        writer.add_scalar(tag if value.ndim == 0 else f"{tag}/{i}", float(x), step)
+  elif value.ndim == 2:
+    scaled = np.nan_to_num(value / max(np.nanmax(np.abs(value)), 1e-12))
+    writer.add_image(tag, np.clip(scaled, 0, 1), step, dataformats="HW")
+  elif np.isfinite(value).any():
+    writer.add_histogram(tag, value[np.isfinite(value)], step)
 
 
 def image_grid(images: np.ndarray, columns: int = 8) -> np.ndarray:
@@ -228,7 +363,7 @@ class MetricsLog:
     self._append(record)
     names = (*TRAIN_SCALARS, *step_metrics(record), *group_learning_rates(record))
     for name in names if "per_point" not in record else ():  # a sweep: each point's run
-      self.writer.add_scalar(f"train/{name}", record[name], record["step"])
+      add_to(self.writer, f"train/{name}", record[name], record["step"])
     self._per_seed("train", record)
 
   def eval(self, record: dict) -> None:
@@ -238,7 +373,7 @@ class MetricsLog:
     self._append(record)
     names = ("eval_loss", "eval_accuracy", *_added_eval_metrics(record))
     for name in names if "per_point" not in record else ():  # a sweep: each point's run
-      self.writer.add_scalar(f"eval/{name.removeprefix('eval_')}", record[name], record["step"])
+      add_to(self.writer, f"eval/{name.removeprefix('eval_')}", record[name], record["step"])
     self._per_seed("eval", record)
     for writer in (self.writer, *self.point_writers.values()):
       writer.flush()
@@ -253,7 +388,7 @@ class MetricsLog:
         continue
       for seed, value in zip(seeds["seed"], values, strict=True):
         tag = f"{group}/{name.removeprefix('eval_')}/seed_{seed}"
-        self.writer.add_scalar(tag, value, record["step"])
+        add_to(self.writer, tag, value, record["step"])
     names = [n for n in points if n in record]  # the metrics, not the columns
     live = _live(points) if points else []
     for i, label in enumerate(points.get("point", ())):
@@ -263,16 +398,16 @@ class MetricsLog:
         self.point_writers[label] = self._writer(self.workdir / "tensorboard" / label)
       for name in names:
         tag = f"{group}/{name.removeprefix('eval_')}"
-        self.point_writers[label].add_scalar(tag, points[name][i], record["step"])
+        add_to(self.point_writers[label], tag, points[name][i], record["step"])
 
-  def sweep(self, final: dict) -> None:
+  def sweep(self, final: dict, loss_fields=()) -> None:
     """A sweep's end: its points sorted by the final eval (`sweep_table`) and WORKDIR/sweep.png
-    (`plot_sweep`, from metrics.jsonl's train records)."""
+    (`plot_sweep`, from metrics.jsonl's train records; `loss_fields`: what the loss reads)."""
     if not self.enabled:
       return
     self.echo(sweep_table(final))
     records = workdir_lib.records(self.workdir / "metrics.jsonl")
-    plot_sweep(records, final, self.workdir / "sweep.png")
+    plot_sweep(records, final, self.workdir / "sweep.png", loss_fields)
     self.echo(f"wrote {self.workdir / 'sweep.png'}: accuracy against the swept values, the losses")
 
   def images(self, tag: str, images: np.ndarray, step: int) -> None:
@@ -292,31 +427,46 @@ class MetricsLog:
 
 
 def sweep_table(final: dict) -> str:
-  """A sweep's points sorted by their final eval accuracy, the diverged ones last, and which
-  point `eval`, `predict`, `trained.load` and `init_from` take by default."""
+  """A sweep's points in order (BEST), the diverged ones last, and which point `eval`,
+  `predict`, `trained.load` and `init_from` take by default."""
   each, diverged = final["per_point"], final.get("diverged", {})
   order = sorted(
     range(len(each["point"])),
-    key=lambda i: (each["point"][i] in diverged, -np.nan_to_num(each["eval_accuracy"][i], nan=-1)),
+    key=lambda i: (
+      each["point"][i] in diverged,
+      -np.nan_to_num(each["eval_accuracy"][i], nan=-1),
+      np.nan_to_num(each["eval_loss"][i], nan=np.inf),
+    ),
   )
   width = max(len(label) for label in each["point"])
-  lines = [f"the sweep's {len(order)} points by final eval accuracy:"]
+  lines = [f"the sweep's {len(order)} points {BEST}:"]
   for rank, i in enumerate(order, 1):
     label = each["point"][i]
-    said = f"accuracy {each['eval_accuracy'][i]:.4f}, loss {each['eval_loss'][i]:.4f}"
+    said = f"accuracy {each['eval_accuracy'][i]:.4f}, cross-entropy {each['eval_loss'][i]:.4f}"
     if label in diverged:
       said = f"diverged by step {diverged[label]}"
     lines.append(f"  {rank:2d}. {label:{width}}  {said}")
   lines.append(
-    f"best: {final['best_point']} (eval, predict, trained.load and init_from take it unless "
-    "--point=LABEL, point=, init_from_point= names another)"
+    f"best: {final['best_point']} ({BEST}; eval, predict, trained.load and init_from take it "
+    "unless --point=LABEL, point=, init_from_point= names another)"
   )
   return "\n".join(lines)
 
 
-def plot_sweep(records: list[dict], final: dict, path: Path) -> None:
+def loss_title(swept, loss_fields) -> str:
+  """The title of sweep.png's loss panel: where a swept field is one the loss reads, the points'
+  losses are of different functions, and it says so."""
+  title = "each point's training loss"
+  if reshaped := [field for field in swept if field in loss_fields]:
+    title += f"\n({', '.join(reshaped)} changes the loss itself: compare the accuracies)"
+  return title
+
+
+def plot_sweep(records: list[dict], final: dict, path: Path, loss_fields=()) -> None:
   """WORKDIR/sweep.png: the final eval accuracy against each swept field's values (a dot a
-  point, a line through each value's mean over the seeds), and every point's training loss."""
+  point, a line through each value's mean over the seeds), and every point's training loss; a
+  swept field among `loss_fields` (those the training loss reads) changes the loss itself, and
+  the loss panel says so."""
   import matplotlib
 
   matplotlib.use("Agg")
@@ -351,11 +501,11 @@ def plot_sweep(records: list[dict], final: dict, path: Path) -> None:
   for i, label in enumerate(each["point"]):
     said = f"{label} (diverged by step {diverged[label]})" if label in diverged else label
     ax.plot([r["step"] for r in curves], [r["per_point"]["loss"][i] for r in curves], label=said)
-  ax.set(xlabel="step", ylabel="training loss", title="each point's training loss")
+  ax.set(xlabel="step", ylabel="training loss", title=loss_title(swept, loss_fields))
   ax.set_yscale("log")
-  plain = matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:g}")
-  ax.yaxis.set_major_formatter(plain)
-  ax.yaxis.set_minor_formatter(plain)
+  numbers = matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:g}")
+  ax.yaxis.set_major_formatter(numbers)
+  ax.yaxis.set_minor_formatter(numbers)
   ax.grid(alpha=0.3)
   ax.legend(fontsize=7)
   fig.tight_layout()

@@ -20,9 +20,11 @@ class Registry:
     self.field = field  # the config field that names one: "model.name", "loss", ...
     self.parts: dict[str, Callable] = {}
     self.options: dict[str, dict] = {}
+    self.fields: dict[str, dict] = {}  # {name: {config field it declares: its default}}
 
-  def register(self, name: str, **options) -> Callable:
-    """A decorator that registers its function under `name` (a user error if taken)."""
+  def register(self, name: str, fields: dict | None = None, **options) -> Callable:
+    """A decorator that registers its function under `name` (a user error if taken), with the
+    config `fields` it reads besides its kind's, each with its default."""
 
     def wrap(part: Callable) -> Callable:
       if name in self.parts and _origin(self.parts[name]) != _origin(part):
@@ -33,6 +35,7 @@ class Registry:
         )
       self.parts[name] = part
       self.options[name] = options
+      self.fields[name] = dict(fields or {})
       return part
 
     return wrap

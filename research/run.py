@@ -57,6 +57,8 @@ class Training:
   # {field path: value}: the float fields the compiled step takes as an argument
   # (optim.hyper_values): a run with other values loads it from the compilation cache
   hyper: dict = dataclasses.field(default_factory=dict)
+  model_name: str = ""  # config.model.name: in what the run says of its model
+  loss_fields: tuple = ()  # the fields the training loss reads (a sweep's plot says so)
 
 
 def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Training:
@@ -68,7 +70,7 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
   if sweep_lib.sweeps_fields(config):  # a sweep's program: every transformation it needs
     config = sweep_lib.structure(config)
     checked = checked._replace(groups=optim.group_fields(config))  # what groups inherit too
-  model = models.create(config.model, AXIS)
+  model = models.create(config.model, batch_norm_axis(config.batch_norm_statistics))
   known = data_lib.DATASETS.parts.get(config.dataset) is None  # its image size: from the config
   if known:  # before any image is decoded
     _check_outputs(config.model, model, checked.augment, (*[trained.stored_size(config)] * 2, 3))
@@ -95,24 +97,26 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
   )
   _check_steps_per_call(config, inputs, num_steps, eval_every, checkpoint_every)
   return Training(
-    inputs,
-    seeds,
-    sweep_lib.columns(config),
-    state,
-    _from_data(config.model, inputs, checked.eval_preprocess.first_view, seeds),
-    train_step,
-    later_steps,
-    checked.augment,
-    _logged_schedules(config, per_epoch, num_steps, checked.groups),
-    num_steps,
-    checked.per_device_batch,
-    micro_batch,
-    eval_every,
-    checkpoint_every,
-    config.warm_up,
-    warm,
-    config.steps_per_call,
-    hyper,
+    inputs=inputs,
+    seeds=seeds,
+    columns=sweep_lib.columns(config),
+    state=state,
+    from_data=_from_data(config.model, inputs, checked.eval_preprocess.first_view, seeds),
+    train_step=train_step,
+    later_steps=later_steps,
+    augment=checked.augment,
+    schedules=_logged_schedules(config, per_epoch, num_steps, checked.groups),
+    num_steps=num_steps,
+    per_device_batch=checked.per_device_batch,
+    micro_batch=micro_batch,
+    eval_every=eval_every,
+    checkpoint_every=checkpoint_every,
+    warm_up=config.warm_up,
+    warm=warm,
+    steps_per_call=config.steps_per_call,
+    hyper=hyper,
+    model_name=config.model.name,
+    loss_fields=losses.reads(config.loss),
   )
 
 
@@ -197,11 +201,18 @@ def build_step(config, checked, inputs: Inputs, state, also_frozen=()) -> tuple[
     micro_batch=micro_batch,
     loss_scale=config.batch_size if config.loss_reduction == "sum" else 1.0,
     frozen=optim.frozen_mask(config, one.params, checked.groups, also_frozen),
+    batch_norm_axis=batch_norm_axis(config.batch_norm_statistics),
   )
   if len(seeds) > 1:
     points, vectorized = sweep_lib.points_of(config), config.seeds_mode == "vmap"
     train_step = sweep_lib.each_point(train_step, points, inputs.point_axes, vectorized=vectorized)
   return steps.axis_checked(train_step, config.model.name), micro_batch
+
+
+def batch_norm_axis(statistics: str) -> str | None:
+  """What BatchNorm averages over in training (config.batch_norm_statistics): the step's axis
+  ("global"), or None ("per_device": each device's own examples, ghost BatchNorm)."""
+  return AXIS if statistics == "global" else None
 
 
 def _model_input(augment, example_shape):

@@ -108,6 +108,30 @@ def dropout_per_example(index):
   return nn.intercept_methods(interceptor)
 
 
+def batch_norm_over(axis: str | None):
+  """A context in which every linen `nn.BatchNorm` computes its batch statistics over `axis`:
+  the step's AXIS for one that names no axis (as code written for one device has it), so that
+  its statistics are those of the global batch on any device count; or, with None
+  (config.batch_norm_statistics="per_device"), over each device's own examples, whatever it
+  names. A BatchNorm that names another axis runs as written (`axis_checked` reports it).
+  `models.FromNnx` points NNX's BatchNorm the same way."""
+
+  def interceptor(next_fun, args, kwargs, context):
+    module = context.module
+    if not (isinstance(module, nn.BatchNorm) and context.method_name == "__call__"):
+      return next_fun(*args, **kwargs)  # (an attribute read here would be intercepted too)
+    named = module.axis_name
+    if named == axis or (axis is not None and named is not None):
+      return next_fun(*args, **kwargs)
+    object.__setattr__(module, "axis_name", axis)  # this call only: the bound copy of one apply
+    try:
+      return next_fun(*args, **kwargs)
+    finally:
+      object.__setattr__(module, "axis_name", named)
+
+  return nn.intercept_methods(interceptor)
+
+
 def _dropout(dropout: nn.Dropout, index, next_fun, inputs, deterministic=None, rng=None):
   """`nn.Dropout.__call__` with one mask per example."""
   deterministic = nn.merge_param("deterministic", dropout.deterministic, deterministic)
@@ -169,6 +193,10 @@ class Run:
   # size: the summed loss, `loss_reduction="sum"`); the logged loss is the mean.
   loss_scale: float = 1.0
   frozen: Any = None  # True for each parameter no update changes (optim.frozen_mask)
+  # What BatchNorm averages its batch statistics over (`batch_norm_over`): AXIS, the global
+  # batch; None: each device's examples, its running statistics then averaged over the devices
+  # after each step, so that every device, the evals and the checkpoints hold one copy
+  batch_norm_axis: str | None = AXIS
   horizon: Any = None  # int32, given to the optimizer's update; None: the optimizer's own
   seed: Any = None  # None: the keys gather and augment were built with
   hyper: Any = None  # {field: traced value} (optim.hyper_values) for the optimizer's update
@@ -194,8 +222,9 @@ class Run:
       params = jax.tree.map(lambda p, f: lax.stop_gradient(p) if f else p, params, self.frozen)
     slice_key = jax.random.fold_in(ex.rng, ex.positions[part][0])
     rngs = {"dropout": slice_key, "params": slice_key, PER_EXAMPLE: ex.rng}
-    # The model as written; from outside it, dropout per example (and apply_fn's CPU forms).
-    with dropout_per_example(ex.positions[part]):
+    # The model as written; from outside it, dropout per example, BatchNorm over the step's
+    # axis (and apply_fn's CPU forms).
+    with dropout_per_example(ex.positions[part]), batch_norm_over(self.batch_norm_axis):
       return state.apply_fn(
         {"params": params, "batch_stats": batch_stats},
         ex.images[part],
@@ -234,6 +263,8 @@ class Run:
   def update(self, state, grads, batch_stats):
     """`state` after the optimizer's update by `grads` (averaged over the devices already),
     with `batch_stats`: `state.tx` (research/optim.py) with its schedules over `horizon`."""
+    if self.batch_norm_axis is None:  # per-device statistics: one running copy for all
+      batch_stats = lax.pmean(batch_stats, AXIS)
     tx = optax.with_extra_args_support(state.tx)  # a plain optax transformation ignores them
     extra = {"horizon": self.horizon, "hyper": self.hyper}
     updates, opt_state = tx.update(grads, state.opt_state, state.params, **extra)
@@ -341,8 +372,9 @@ def eval_logits(state, images_u8, sizes=None, *, preprocess, mask=None):
 
 def eval_sums(state, images_u8, labels, mask, sizes=None, *, preprocess, metrics=()):
   """Sums of loss, correct predictions and real examples (mask = 1) over one batch, and of
-  each registered eval metric named in `metrics` (`metric/NAME`, research/metrics.py). With
-  views, `correct_first_view` counts the first view's correct predictions alone."""
+  each registered eval metric's values per example (`metrics`: ((name, value shape), ...),
+  research/metrics.py's `shapes`), `metric/NAME`. With views, `correct_first_view` counts the
+  first view's correct predictions alone."""
   logits, first_view = eval_logits(state, images_u8, sizes, preprocess=preprocess, mask=mask)
   losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
   sums = {
@@ -352,17 +384,17 @@ def eval_sums(state, images_u8, labels, mask, sizes=None, *, preprocess, metrics
   }
   if preprocess.weights:
     sums["correct_first_view"] = jnp.sum((first_view.argmax(-1) == labels) * mask)
-  for name in metrics:
-    per_example = EVAL_METRICS.get(name)(logits, labels)  # [batch]
-    sums[f"metric/{name}"] = jnp.sum(per_example.astype(jnp.float32) * mask)
+  for name, _ in metrics:
+    per_example = EVAL_METRICS.get(name)(logits, labels)  # [batch, ...]
+    sums[f"metric/{name}"] = jnp.tensordot(mask, per_example.astype(jnp.float32), 1)
   return sums
 
 
 def zero_totals(preprocess, metrics=()):
   """Eval totals before the first batch: the structure `eval_sums` returns, all zeros."""
   names = ("loss_sum", "correct", "count") + (("correct_first_view",) if preprocess.weights else ())
-  names += tuple(f"metric/{name}" for name in metrics)
-  return {name: jnp.float32(0) for name in names}
+  totals = {name: jnp.float32(0) for name in names}
+  return totals | {f"metric/{name}": jnp.zeros(shape, jnp.float32) for name, shape in metrics}
 
 
 def axis_checked(step, name: str):

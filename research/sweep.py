@@ -104,9 +104,12 @@ def _unsweepable(config, path: str, eligible: dict) -> str:
       if inherited
       else "the config has no such field (a parameter group's: param_groups.GROUP.FIELD)"
     )
+  if isinstance(node[name], str):
+    return "it is a string field, and strings cannot be swept: launch a run per value"
   if not isinstance(node[name], float):
     kind = type(node[name]).__name__
-    return f"it is a {kind} field; only float fields are arguments of the compiled step"
+    article = "an" if kind[0] in "aeiou" else "a"
+    return f"it is {article} {kind} field; only float fields are arguments of the compiled step"
   if name in optim.STATIC_FLOATS:
     return "it sizes or times the run, a constant of the program: launch a run per value"
   if path not in eligible:  # the learning rates, where a schedule takes its numbers in Python

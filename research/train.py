@@ -33,8 +33,14 @@ from research import sweep as sweep_lib
 from research import workdir as workdir_lib
 from research.errors import UserError
 from research.inputs import Inputs
-from research.metrics import MetricsLog, eval_record
-from research.placement import first_replica, replicate, same_in_every_process, wait_for_all
+from research.metrics import MetricsLog, check_step_metrics, eval_record
+from research.placement import (
+  first_replica,
+  gather_processes,
+  replicate,
+  same_in_every_process,
+  wait_for_all,
+)
 from research.preemption import Preempted, Preemption
 from research.progress import Clock, Profiler, Progress, check_profile_end
 from research.run import Training, setup
@@ -95,7 +101,15 @@ def _describe(config, training: Training, state, echo) -> None:
     f"step{'s' if training.num_steps > 1 else ''}{seeds}"
     f" | data: {training.inputs.name} ({training.inputs.source}), "
     f"{training.inputs.layout}"
+    + PER_DEVICE_STATISTICS
+    * (config.batch_norm_statistics == "per_device")
   )
+
+
+PER_DEVICE_STATISTICS = (
+  " | BatchNorm statistics per device (batch_norm_statistics='per_device'): results depend on "
+  "the device count"
+)
 
 
 def _finite_or_stop(state, step: int, checkpoints, points: int = 0):
@@ -240,6 +254,8 @@ class Loop:
       for _ in range(k - 1):  # the call's other steps: the same resident batch
         next(batches)
       rstate, metrics = p_train_step(rstate, batch)
+      if step == start_step + k:  # a model whose statistics are its device's own stops here
+        statistics_agree(rstate.batch_stats, self.training.model_name)
       in_flight.append(metrics)
       if len(in_flight) > 1:  # at most 2 calls in flight: the device always has the next one,
         jax.block_until_ready(in_flight[-2])  # and a signal or an error is seen within a call
@@ -276,13 +292,39 @@ class Loop:
       self.training, rstate, last, self.log, self.clock, train_sec=train_sec, **diverged, **times
     )
     if "point" in self.training.columns:
-      self.log.sweep(final)
+      self.log.sweep(final, self.training.loss_fields)
     if jax.process_index() == 0 and start_step < last:
       self.echo(
         f"trained steps {start_step + 1}-{last} in {train_sec:.1f} s (compile, evals and "
         "checkpoints excluded)"
       )
     return final
+
+
+def statistics_agree(batch_stats, model_name: str) -> None:
+  """A user error unless the step left the same `batch_stats` (replicated) on every device: a
+  model that keeps statistics of its device's examples alone (a normalization that names no
+  axis, and that the step cannot point at its axis as it does BatchNorm) would make the device
+  count change its results, and the eval and the checkpoint disagree. Per leaf and device, the
+  sum of magnitudes: a pmean'd statistic is the same on every device to the last bit, one of
+  other examples differs by its sampling spread (percents); 1e-4 lies between."""
+  leaves = jax.tree.leaves(batch_stats)
+  if jax.device_count() == 1 or not leaves:
+    return
+  magnitude = lambda shard: np.abs(np.asarray(shard.data, np.float64)).sum()
+  sums = lambda leaf: [magnitude(shard) for shard in leaf.addressable_shards]
+  local = np.asarray([sums(leaf) for leaf in leaves]).T  # [local devices, leaves]
+  if jax.process_count() > 1:  # every process decides on every device's, together
+    local = gather_processes(local).reshape(-1, len(leaves))
+  if np.all(np.abs(local - local[0]) <= 1e-4 * np.abs(local[0])):
+    return
+  raise UserError(
+    f"model {model_name!r} keeps statistics (batch_stats) that differ across the devices after "
+    "its first step: a normalization of its own averages over each device's examples alone, so "
+    "the device count would change its results; average them over the step's axis "
+    f"(lax.pmean(x, {AXIS!r}), research.steps.AXIS), or set batch_norm_statistics='per_device' "
+    "to train with per-device statistics on purpose"
+  )
 
 
 def _initial_state(training: Training, checkpoints, workdir: Path, warm):
@@ -361,6 +403,7 @@ def _compiled_step(
   step, compiled = compile_step(training, rstate, first_batch, start_step)
   times["compile_sec"] = time.perf_counter() - start
   times["step_from_cache"] = _CACHE_HITS[0] > hits
+  check_step_metrics(compiled.out_info[1], len(training.seeds) > 1)  # (state, metrics)
   fit = points_that_fit(compiled, training.state, len(training.seeds), _swept(training) > 0)
   said = f"compiled the train step in {times['compile_sec']:.1f} s"
   if times["step_from_cache"]:

@@ -179,8 +179,9 @@ def load(
   variables = {"params": used_params(state), "batch_stats": state.get("batch_stats", {})}
   seeds = run_seeds(config)
   index = chosen_point(workdir, config, seed, point, str(workdir))
-  if index is not None:
+  if index is not None:  # one point's weights, and its single run's config
     variables, seeds = one_point(variables, index), ()
+    config = sweep_lib.point_config(config, sweep_lib.points_of(config)[index])
   model = models.create(config.model, None)
   shape = tuple(workdir_lib.last_recorded(workdir, "example_shape") or ())  # runs before: RGB
   return Trained(config, run_classes(workdir, config), variables, model, step, seeds, shape)
@@ -233,8 +234,9 @@ def chosen_point(workdir: Path, config, seed=None, point=None, what: str = "") -
   if len(chosen) != 1:
     named = ", ".join(f"{k}={v}" for k, v in (("point", point), ("seed", seed)) if v is not None)
     found = "matches none" if not chosen else f"matches {len(chosen)}"
+    listed = labels if not chosen else [labels[i] for i in chosen]
     raise UserError(
-      f"{what} {named} {found} of the run's points ({', '.join(labels)}); name one (--point)"
+      f"{what} {named} {found} of the run's points ({', '.join(listed)}); name one (--point)"
     )
   return chosen[0] if several else None
 
@@ -424,6 +426,7 @@ class Source(NamedTuple):
   workdir: Path
   step: int
   state: dict  # the saved train state, host arrays
+  point: str = ""  # of a run of several points, the one taken (its label)
 
 
 def check_warm_start(config, augment, model) -> Source:
@@ -431,7 +434,7 @@ def check_warm_start(config, augment, model) -> Source:
   unless it shares a parameter (path and shape) with `model`, fed by `augment` (the run's)."""
   workdir, step = warm_start_source(config)
   step, saved = checkpoint.read(workdir, step)
-  saved = _source_seed(config, workdir, saved)
+  saved, point = _source_seed(config, workdir, saved)
   saved = {**saved, "params": used_params(saved)}  # the EMA's weights, where the run kept one
   size = stored_size(config)  # the model's input is made from stored examples of this side
   shape = (size, size, 3)
@@ -446,17 +449,17 @@ def check_warm_start(config, augment, model) -> Source:
   theirs = traverse_util.flatten_dict(saved["params"], sep="/")
   if not any(p in theirs and np.shape(theirs[p]) == leaf.shape for p, leaf in mine.items()):
     raise _fits_nothing(config.init_from)
-  return Source(config.init_from, workdir, step, saved)
+  return Source(config.init_from, workdir, step, saved, point)
 
 
-def _source_seed(config, workdir: Path, saved: dict) -> dict:
-  """The weights of `init_from`'s run: where it trained several points, of the one
-  `init_from_point` and `init_from_seed` name (`chosen_point`); by default a sweep's best, and
-  a user error for a run of seeds."""
+def _source_seed(config, workdir: Path, saved: dict) -> tuple[dict, str]:
+  """(the weights of `init_from`'s run, the label of the point they are "" for one run): where
+  it trained several points, of the one `init_from_point` and `init_from_seed` name
+  (`chosen_point`); by default a sweep's best, and a user error for a run of seeds."""
   source = run_config(workdir)
   seeds = run_seeds(source)
   if not seeds:
-    return saved
+    return saved, ""
   seed = config.init_from_seed if config.init_from_seed >= 0 else None
   point = config.init_from_point or None
   if seed is None and point is None and not sweep_lib.sweeps_fields(source):
@@ -465,7 +468,7 @@ def _source_seed(config, workdir: Path, saved: dict) -> dict:
       "start from with --config.init_from_seed=N"
     )
   index = chosen_point(workdir, source, seed, point, f"init_from={config.init_from!r}")
-  return one_point(saved, index)
+  return one_point(saved, index), sweep_lib.labels(source)[index]
 
 
 def _fits_nothing(name: str) -> UserError:
@@ -497,14 +500,17 @@ def warm_start(state, source: Source | None) -> tuple[object, dict | None]:
   if not any(p.startswith("params/") for p in taken):  # shapes other than those traced
     raise _fits_nothing(source.name)
   record = {"source": str(source.workdir), "step": source.step, "taken": len(taken), "fresh": fresh}
+  if source.point:
+    record["point"] = source.point
   return state.replace(**merged), record
 
 
 def describe_warm_start(record: dict) -> str:
   fresh = record["fresh"]
+  point = f", its point {record['point']}" if record.get("point") else ""
   line = (
-    f"initialised from {record['source']} (step {record['step']}): {record['taken']} arrays of "
-    f"params and BatchNorm statistics taken"
+    f"initialised from {record['source']} (step {record['step']}{point}): {record['taken']} "
+    "arrays of params and BatchNorm statistics taken"
   )
   if fresh:
     names = ", ".join(fresh[:6]) + (f" and {len(fresh) - 6} more" if len(fresh) > 6 else "")

@@ -161,6 +161,7 @@ class Checked(NamedTuple):
   augment: Callable  # research/augment.py build: (rng, images_u8, ...) -> float32 images
   eval_preprocess: Callable
   groups: dict  # optim.group_fields: {group name: its fields}
+  metrics: tuple = ()  # research/metrics.py shapes: ((eval metric, its value's shape), ...)
 
 
 def train_config(config: ml_collections.ConfigDict, n_devices: int) -> Checked:
@@ -172,7 +173,9 @@ def train_config(config: ml_collections.ConfigDict, n_devices: int) -> Checked:
   augment, eval_preprocess = _pipelines(config)
   groups = _param_groups(config)
   _sweep(config)
-  return Checked(_per_device_batch(config, n_devices, augment), augment, eval_preprocess, groups)
+  eval_metrics = metrics.shapes(config.eval_metrics, config.model.num_classes)
+  per_device_batch = _per_device_batch(config, n_devices, augment)
+  return Checked(per_device_batch, augment, eval_preprocess, groups, eval_metrics)
 
 
 def _data(config) -> None:
@@ -216,6 +219,7 @@ def _numbers(config) -> None:
     )
   _choice("loss_reduction", config.loss_reduction, ("mean", "sum"))
   _choice("seeds_mode", config.seeds_mode, ("unroll", "vmap"))
+  _choice("batch_norm_statistics", config.batch_norm_statistics, ("global", "per_device"))
 
 
 def _sweep(config) -> None:

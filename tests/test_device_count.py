@@ -11,15 +11,27 @@ import jax
 import numpy as np
 import pytest
 
-from research import augment, configuration, environment, inputs, steps
+from research import augment, configuration, environment, inputs, steps, trained
 from research.placement import replicate, to_devices
 from research.steps import AXIS
 from research.train import train_and_evaluate
+from tests import guide
 
 CONFIGS = {
   "vgg": "configs/cifar_vgg.py:smoke",  # BatchNorm
   "keras_cnn": "configs/cifar_keras_cnn.py:smoke",  # dropout
+  "vgg_one_device": "configs/cifar_vgg.py:smoke",  # BatchNorm as code for one device writes it
 }
+# A fork's copy of a model written for one device: its BatchNorm names no axis (the step points
+# it at its own, research.steps.batch_norm_over).
+ONE_DEVICE = (
+  "from research import models\n"
+  "from research.models import vgg\n"
+  "models.register('vgg_one_device')(\n"
+  "  lambda model_config, axis_name: vgg.create(model_config, axis_name=None)\n"
+  ")\n"
+)
+FORK = {"modules": "one_device", "model.name": "vgg_one_device"}  # its overrides
 
 
 @pytest.mark.parametrize(
@@ -86,13 +98,16 @@ SETTINGS = {"num_train_steps": STEPS, "log_every_steps": 1}
 UNINTERRUPTED = {**SETTINGS, "checkpoint_every_steps": 2}
 
 
-def _train(workdir, config: str, devices: int, settings: dict) -> str:
-  """A run of `config` on `devices` CPU devices with these config fields; its output."""
+def _train(workdir, config: str, devices: int, settings: dict, fork=None) -> str:
+  """A run of `config` on `devices` CPU devices with these config fields; its output. `fork`:
+  the directory of a fork module it imports."""
   command = [
     sys.executable, "-m", "research.main", f"--config={config}", f"--workdir={workdir}",
     *(f"--config.{field}={value}" for field, value in settings.items()),
   ]  # fmt: skip
   env = environment.for_devices(devices, "cpu")  # the suite's XLA flags, this device count
+  if fork:
+    env["PYTHONPATH"] = str(fork)
   result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
   return result.stdout
@@ -112,15 +127,27 @@ def runs(tmp_path_factory):
   checkpoint gone) and resumed on 1 device (the program of the run on 1), with the resume's
   output."""
   root = tmp_path_factory.mktemp("device_count")
+  (root / "one_device.py").write_text(ONE_DEVICE)
   done = {}
-  for model, spec in CONFIGS.items():
-    # On 8 devices in this process (the suite's flags, as the child on 1 has them).
-    config = configuration.load(spec)
-    config.update(UNINTERRUPTED)
-    train_and_evaluate(config, str(root / f"{model}-8"))
-    _train(root / f"{model}-1", spec, 1, UNINTERRUPTED)
-    for devices in (8, 1):
-      done[model, devices] = _records(root / f"{model}-{devices}")
+  sys.path.insert(0, str(root))
+  try:
+    with guide.registered():
+      for model, spec in CONFIGS.items():
+        fork = FORK if model == "vgg_one_device" else {}
+        # On 8 devices in this process (the suite's flags, as the child on 1 has them).
+        config = configuration.load(spec)
+        for field, value in fork.items():
+          configuration.override(config, field, value)
+        config.update(UNINTERRUPTED)
+        train_and_evaluate(config, str(root / f"{model}-8"))
+        if fork:  # the run's checkpoint evaluated again: its own final record
+          done[model, "eval"] = trained.evaluate(root / f"{model}-8")
+        _train(root / f"{model}-1", spec, 1, {**UNINTERRUPTED, **fork}, root if fork else None)
+        for devices in (8, 1):
+          done[model, devices] = _records(root / f"{model}-{devices}")
+  finally:
+    sys.path.remove(str(root))
+    sys.modules.pop("one_device", None)
   resumed = root / "vgg-8-then-1"
   shutil.copytree(root / "vgg-8", resumed)
   shutil.rmtree(resumed / "checkpoints" / str(STEPS))
@@ -145,6 +172,16 @@ def test_a_short_run_on_1_device_is_the_run_on_8(runs, model):
   np.testing.assert_allclose([losses_1[s] for s in losses_8], list(losses_8.values()), rtol=RTOL)
   assert eval_1["eval_accuracy"] == eval_8["eval_accuracy"]
   np.testing.assert_allclose(eval_1["eval_loss"], eval_8["eval_loss"], rtol=RTOL)
+
+
+def test_eval_of_a_run_whose_batch_norm_names_no_axis_repeats_its_final_record(runs):
+  """The step averaged its statistics over the devices: every device, the checkpoint and the
+  in-run eval hold the same."""
+  final, again = runs["vgg_one_device", 8][1], runs["vgg_one_device", "eval"]
+  assert (again["eval_loss"], again["eval_accuracy"]) == (
+    final["eval_loss"],
+    final["eval_accuracy"],
+  )
 
 
 @pytest.mark.rounding

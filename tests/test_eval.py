@@ -11,7 +11,8 @@ import pytest
 
 from research import augment, metrics, models
 from research.inputs import pad_for_eval, resident_eval
-from research.placement import first_replica, replicate, upload_shards
+from research.metrics import eval_record
+from research.placement import first_replica, replicate, to_devices
 from research.steps import AXIS, create_train_state, eval_logits
 
 
@@ -20,9 +21,24 @@ def top2(logits, labels):
   return (jax.lax.top_k(logits, 2)[1] == labels[:, None]).any(-1)
 
 
-@pytest.mark.parametrize("n_examples, global_batch", [(250, 64), (256, 64), (7, 64), (250, 24)])
+def balanced(totals, count):
+  """Balanced accuracy: the mean over the classes of each class's accuracy."""
+  return np.nanmean(metrics.per_class(totals))
+
+
+# The guide's balanced accuracy, as a fork writes it: per_class_accuracy's values, finished.
+metrics.register("test_balanced", finish=balanced)(metrics.per_class_accuracy)
+
+
+@pytest.mark.parametrize(
+  "n_examples, global_batch, devices",
+  [(250, 64, 8), (256, 64, 8), (7, 64, 8), (250, 24, 8), (250, 64, 1)],
+)
 @pytest.mark.rounding
-def test_eval_counts_every_example_once(n_examples, global_batch):
+def test_eval_counts_every_example_once(n_examples, global_batch, devices):
+  """Loss, accuracy and registered metrics (a value per example, an array per example too)
+  summed over the split as numpy sums them from the same logits: any eval batch, any device
+  count."""
   config = ml_collections.ConfigDict(dict(name="keras_cnn", num_classes=10, dtype="float32"))
   model = models.create(config, AXIS)
   state = create_train_state(jax.random.key(0), None, model, (32, 32, 3), optax.sgd(0.1))
@@ -30,28 +46,41 @@ def test_eval_counts_every_example_once(n_examples, global_batch):
   images = rng.integers(0, 256, (n_examples, 32, 32, 3), dtype=np.uint8)
   labels = rng.integers(0, 10, n_examples).astype(np.int32)
   padded = pad_for_eval(images, labels, global_batch)
-  shards = upload_shards(padded, len(padded[1]) // 8)
+  on = jax.devices()[:devices]
+  shards = tuple(to_devices(x.reshape(devices, -1, *x.shape[1:]), on) for x in padded)
+  names = metrics.shapes(("test_top2", "per_class_accuracy", "test_balanced"), 10)
   p_eval = jax.pmap(
     functools.partial(
       resident_eval,
       preprocess=augment.build(""),
-      per_device_batch=global_batch // 8,
-      metrics=("test_top2",),
+      per_device_batch=global_batch // devices,
+      metrics=names,
     ),
     axis_name=AXIS,
+    devices=on,
   )
-  totals = first_replica(p_eval(replicate(state), shards))
+  totals = first_replica(p_eval(replicate(state, on), shards))
   assert int(totals["count"]) == n_examples
 
   # The same sums computed directly, example by example, in one program of their own.
   apply = jax.jit(functools.partial(model.apply, train=False))
   logits = apply({"params": state.params}, images / 255.0)
-  expected_correct = int(np.sum(np.argmax(logits, -1) == labels))
+  predicted = np.argmax(logits, -1)
+  expected_correct = int(np.sum(predicted == labels))
   top_two = np.argsort(-np.asarray(logits), -1, kind="stable")[:, :2]
   assert int(totals["metric/test_top2"]) == int(np.sum((top_two == labels[:, None]).any(-1)))
   expected_loss = float(optax.softmax_cross_entropy_with_integer_labels(logits, labels).sum())
   assert int(totals["correct"]) == expected_correct
   np.testing.assert_allclose(totals["loss_sum"], expected_loss, rtol=1e-4)
+  # Each class's examples and correct ones, counted exactly; the record finishes them.
+  counts = np.bincount(labels, minlength=10)
+  hits = np.bincount(labels[predicted == labels], minlength=10)
+  np.testing.assert_array_equal(totals["metric/per_class_accuracy"], [hits, counts])
+  record = eval_record(1, totals)
+  with np.errstate(invalid="ignore"):
+    np.testing.assert_array_equal(record["eval_per_class_accuracy"], hits / counts)
+    assert record["eval_test_balanced"] == np.nanmean(hits / counts)
+  assert record["eval_test_top2"] == totals["metric/test_top2"] / n_examples
 
 
 def test_tta_on_the_least_confident_gives_them_the_views_mean_and_the_rest_the_first_view():

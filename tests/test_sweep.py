@@ -293,7 +293,8 @@ def test_each_point_of_a_sweep_trains_as_its_single_run(sweep_run):
     eval_loss, accuracy = final["per_point"]["eval_loss"][i], final["per_point"]["eval_accuracy"][i]
     np.testing.assert_allclose(eval_loss, single[-1]["eval_loss"], rtol=POINT_LOSS_RTOL)
     assert abs(accuracy - single[-1]["eval_accuracy"]) * 250 <= 1  # a flip needs a near-tie
-  best = int(np.argmax(final["per_point"]["eval_accuracy"]))
+  each = final["per_point"]
+  best = np.lexsort((each["eval_loss"], -np.asarray(each["eval_accuracy"])))[0]
   assert final["best_point"] == LABELS[best]
 
 
@@ -307,13 +308,32 @@ def test_a_sweep_of_other_values_loads_its_step_from_the_compilation_cache(sweep
   assert final["per_point"]["point"] == ["learning_rate=0.0005", "learning_rate=0.002"]
 
 
+def test_the_best_point_is_the_highest_eval_accuracy_s_then_the_lowest_cross_entropy_s():
+  """Not the lowest training loss (a swept loss scale changes it), nor the first of a tie."""
+  columns = {"point": ["a", "b", "c"], "seed": [0, 0, 0], "swept": {"x": [1.0, 2.0, 3.0]}}
+  values = {"eval_accuracy": [1.0, 1.0, 0.5], "eval_loss": [0.2, 0.1, 0.05]}
+  record = metrics.per_point(values, columns)
+  assert record["best_point"] == "b"
+  assert "by final eval accuracy, then eval cross-entropy" in metrics.format_eval_line(
+    {"step": 1, "eval_examples": 10, **record}
+  )
+  assert [line.split()[1] for line in metrics.sweep_table(record).splitlines()[1:4]] == list("bac")
+  train = metrics.per_point({"loss": [0.3, 0.2, 0.1]}, columns)  # no eval: no best by loss
+  assert "best_point" not in train and train["loss"] == pytest.approx(0.2)
+  assert "focal_gamma changes the loss itself" in metrics.loss_title(
+    {"focal_gamma": []}, ("focal_gamma",)
+  )
+  assert "changes" not in metrics.loss_title({"learning_rate": []}, ("focal_gamma",))
+
+
 def test_a_sweep_ends_with_its_points_sorted_and_a_plot(sweep_run):
   workdir, _ = sweep_run
   final = _records(workdir)[-1]
   with Image.open(workdir / "sweep.png") as plot:
     assert plot.size[0] > plot.size[1] > 300  # two panels side by side
   lines = metrics.sweep_table(final).splitlines()
-  order = np.argsort(final["per_point"]["eval_accuracy"])[::-1]
+  each = final["per_point"]
+  order = np.lexsort((each["eval_loss"], -np.asarray(each["eval_accuracy"])))
   assert [line.split()[1] for line in lines[1:3]] == [LABELS[i] for i in order]
   assert lines[-1].startswith(f"best: {final['best_point']}")
 
@@ -347,8 +367,13 @@ def test_load_predict_and_init_from_take_the_best_point_or_the_named_one(sweep_r
   assert not same(each[0], each[1])
   with pytest.raises(UserError, match=r"point=learning_rate=0.01 matches none"):
     trained.load(workdir, point="learning_rate=0.01")
+  for i, label in enumerate(LABELS):  # a point's config is its single run's
+    config = trained.load(workdir, point=label).config
+    assert (config.learning_rate, config.sweep, config.seeds) == (RATES[i], "", 1)
   training = run.setup(_config("cifar_keras_cnn", init_from=str(workdir)), warm_start=True)
   assert same(training.state.params, each[best])
+  assert training.warm["point"] == LABELS[best]  # in the final record, and said:
+  assert f"(step 8, its point {LABELS[best]})" in trained.describe_warm_start(training.warm)
   config = _config("cifar_keras_cnn", init_from=str(workdir), init_from_point=LABELS[1 - best])
   assert same(run.setup(config, warm_start=True).state.params, each[1 - best])
   Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(tmp_path / "a.png")
@@ -382,7 +407,7 @@ def test_a_point_that_diverges_stops_alone(tmp_path, nan_after_step, capsys):
     ("learning_rate=0.1,x", r"is not FIELD=V1,V2,\.\.\. \(numbers\)"),
     ("learning_rate=0.1,0.1", r"names 'learning_rate' or one of its values twice"),
     ("lerning_rate=0.1,0.2", r"lerning_rate cannot be swept: the config has no such field"),
-    ("batch_size=32,64", r"batch_size cannot be swept: it is a int field; only float"),
+    ("batch_size=32,64", r"batch_size cannot be swept: it is an int field; only float"),
     ("warmup_epochs=0,1", r"warmup_epochs cannot be swept: it sizes or times the run"),
     ("seed=1,2", r"seed cannot be swept: seeds are the sweep's other axis: use --config.seeds"),
     ("grad_clip_norm=0,1", r"grad_clip_norm cannot be swept: 0 turns clipping off"),
@@ -455,8 +480,11 @@ def test_a_point_is_chosen_by_its_label_its_index_or_its_seed():
   assert choose(point="learning_rate=0.2,seed=2") == 3
   assert choose(point="learning_rate=0.2", seed=1) == 2
   assert choose(point="1") == 1
-  with pytest.raises(UserError, match=r"run seed=2 matches 2 of the run's points \(learning"):
-    choose(seed=2)  # the seed of two points: name the point too
+  both = r"\(learning_rate=0.1,seed=2, learning_rate=0.2,seed=2\); name one"
+  with pytest.raises(UserError, match=r"run seed=2 matches 2 of the run's points " + both):
+    choose(seed=2)  # the seed of two points, and no other, listed: name the point too
+  with pytest.raises(UserError, match=r"run point=seed=2 matches 2 of the run's points " + both):
+    choose(point="seed=2")
   with pytest.raises(UserError, match=r"run seed=5: the run trained seeds 1, 2; choose one"):
     choose(seed=5)
   config.update(seeds=1)  # labels without the seed: the seed still chooses

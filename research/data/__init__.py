@@ -24,11 +24,11 @@ CIFAR10_NAMES = (
 )  # fmt: skip
 
 
-def class_names(dataset: str, num_classes: int, folder_classes=None) -> tuple[str, ...]:
-  """The names of the classes, in label order: a folder's class directories, CIFAR-10's
-  names, or the labels as text."""
-  if folder_classes is not None:
-    return tuple(folder_classes)
+def class_names(dataset: str, num_classes: int, given=None) -> tuple[str, ...]:
+  """The names of the classes, in label order: those the data gives (a folder's class
+  directories, a registered dataset's `classes`), CIFAR-10's names, or the labels as text."""
+  if given:
+    return tuple(given)
   if dataset == "cifar10" and num_classes == len(CIFAR10_NAMES):
     return CIFAR10_NAMES
   return tuple(str(label) for label in range(num_classes))
@@ -50,6 +50,9 @@ class ImageDataset:
   test_labels: np.ndarray  # int32 [M]
   num_classes: int
   fallback_reason: str = ""  # why synthetic data replaced the requested dataset, if it did
+  # The classes' names in label order (recorded with the run: predict and trained.load name
+  # the classes by them); () for the labels as text
+  classes: tuple = ()
   skipped_files: list = dataclasses.field(default_factory=list)  # undecodable, skipped
   resized: int = 0  # images brought to the dataset's one size (image folders)
 
@@ -96,6 +99,9 @@ def load(config) -> ImageDataset:
     images, labels = getattr(data, f"{split}_images"), getattr(data, f"{split}_labels")
     if not (isinstance(images, np.ndarray) and images.dtype == np.uint8 and images.ndim == 4):
       raise UserError(f"{where}: {split}_images must be a uint8 array [N, H, W, C]")
+    if not len(images):
+      use = "training takes its batches" if split == "train" else "every eval counts"
+      raise UserError(f"{where}: its {split} split is empty, where {use} examples; give it some")
     if images.shape[1:] != data.train_images.shape[1:]:
       raise UserError(
         f"{where}: test images {images.shape[1:]} are not the train images' "
@@ -109,6 +115,11 @@ def load(config) -> ImageDataset:
     setattr(data, f"{split}_labels", labels.astype(np.int32))
   if data.name != "synthetic":  # a synthetic stand-in has the labels the model has
     check_num_classes(where, data.num_classes, config.model.num_classes)
+  names = tuple(data.classes)
+  if names and (len(names) != data.num_classes or not all(isinstance(n, str) for n in names)):
+    raise UserError(
+      f"{where}: classes={names!r} must be {data.num_classes} names (strings), one per label"
+    )
   return data
 
 

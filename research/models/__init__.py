@@ -135,11 +135,17 @@ def check_outputs(module: nn.Module, images, num_classes: int, name: str) -> Non
   init = lambda x: module.init_with_output(jax.random.key(0), x, **mode(module, False))[0]
   logits = jax.eval_shape(init, images)
   shape = getattr(logits, "shape", None)
+  if shape is None:  # a tuple, a dict, ...: more than the logits
+    raise UserError(
+      f"model {name!r} returns a {type(logits).__name__} where the step takes its logits alone, "
+      f"[batch, {num_classes}]; return the logits, and send what else it computes through "
+      'self.sow("intermediates", NAME, value): a loss reads it there (docs/extending.md)'
+    )
   if shape != (images.shape[0], num_classes):
     raise UserError(
-      f"model {name!r} returns {shape if shape else type(logits).__name__} for a batch of "
-      f"{images.shape[0]}, where the data's {num_classes} classes need logits "
-      f"[batch, {num_classes}]; give its last layer model.num_classes outputs"
+      f"model {name!r} returns {shape} for a batch of {images.shape[0]}, where the data's "
+      f"{num_classes} classes need logits [batch, {num_classes}]; give its last layer "
+      "model.num_classes outputs"
     )
 
 
