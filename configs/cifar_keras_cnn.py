@@ -24,7 +24,7 @@ def _smoke(c):
   # it stays well above chance on every device count, XLA optimization level and CPU kernel
   # measured (2026-11-26; in the history of BENCHMARKS.md).
   c.synthetic_noise = 0.2
-  c.keep_freed_host_memory = False  # compile-bound (configs/common.py)
+  c.keep_freed_host_memory = False  # compile-bound (research/fields.py)
 
 
 VARIANTS = {"smoke": _smoke, "no_augment": lambda c: c.update(augment="")}

@@ -14,9 +14,8 @@ padding, split evenly over 1-8 GPUs; one timer around a single cold `sess.run` g
 Python loop on one CPU core. research/experiments/conv2d_scaling.py says what is timed.
 """
 
-import ml_collections
-
 from configs.common import apply_variant
+from research.experiments import conv2d_scaling
 
 
 def _smoke(c):
@@ -42,20 +41,6 @@ VARIANTS = {
 
 
 def get_config(arg=None):
-  c = ml_collections.ConfigDict()
-  c.experiment = "conv2d_scaling"  # research/experiments/conv2d_scaling.py
-  c.num_images = 840  # in total ("strong") or per device ("weak"); 840 = lcm(1, ..., 8)
-  c.image_size = 100  # pixels per side of the square images
-  c.in_channels = 1
-  c.out_channels = 1
-  c.filter_size = 3  # pixels per side of the square filter
-  c.filter_init = "ones"  # "ones" as the write-up, or "random" (normal) to check orientation
-  c.padding = "SAME"  # "SAME" (output as large as the input) or "VALID"
-  c.dtype = "float32"  # of images and filter: "float32", "bfloat16" or "float16"
-  c.mode = "strong"  # "strong": num_images split over the devices; "weak": num_images each
-  c.device_counts = ()  # () = 1, 2, ..., all local devices; or e.g. (1, 2, 4, 8)
-  c.repeats = 20  # steady-state calls and copies per device count; medians are reported
-  c.seed = 0  # image values: uniform in [0, 1) (the write-up used ones; timing is the same)
-  c.scipy_baseline = True  # time scipy.signal.correlate2d in a loop on one core; check results
+  c = conv2d_scaling.defaults()  # every field, with its unit: research/experiments/
   apply_variant(c, arg, VARIANTS)
   return c

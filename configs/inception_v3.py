@@ -51,7 +51,7 @@ def _smoke(c):
   c.model.blocks = (1, 1, 1)  # each block type once: less than half the program to compile
   c.model.bn_momentum = 0.5  # eval's running statistics must keep up with fast-moving weights
   c.batch_size, c.eval_batch_size = 32, 32
-  c.keep_freed_host_memory = False  # compile-bound (configs/common.py)
+  c.keep_freed_host_memory = False  # compile-bound (research/fields.py)
   c.num_train_steps, c.log_every_steps = 16, 8
   # Epsilon 1.0 makes RMSProp plain SGD; at init the gradient norm is ~250, mostly the stem's,
   # so clipped SGD steps barely move the rest. A small epsilon scales each parameter's step.

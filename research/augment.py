@@ -46,7 +46,7 @@ from research.registry import Registry
 
 Op = Callable[[jax.Array, jax.Array], jax.Array]  # op(rng, image) -> image
 WindowOp = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]  # op(rng, image, valid)
-OPS = Registry("augmentation op", "augment")  # {name: op factory}
+OPS = Registry("augmentation op", "augment", "research.augment")  # {name: op factory}
 _WINDOW_OPS: set[str] = set()  # names whose ops read only the valid (height, width) region
 _CONTEXT_OPS: set[str] = set()  # names whose ops take the Context
 _VIEWS_OPS: set[str] = set()  # names whose factories return Views

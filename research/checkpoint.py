@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import jax
-import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 from flax import serialization, traverse_util
@@ -61,15 +60,24 @@ def _disk_full(directory: Path, detail: str, code: int = errno.ENOSPC) -> OSErro
   return OSError(code, f"{os.strerror(code)}: {detail}", str(directory))
 
 
+# What Checkpoints reads of the config (the run hands it a view of these, research/fields.py).
+READS = (
+  "checkpoint_every_steps",
+  "checkpoint_every_minutes",
+  "log_every_steps",
+  "keep_checkpoints",
+)
+
+
 class Checkpoints:
   """Saves every `every` steps (default: `checkpoint_every_steps`), and once
   `checkpoint_every_minutes` passed since the last save (or the launch), into
-  WORKDIR/checkpoints, keeping the newest `keep`."""
+  WORKDIR/checkpoints, keeping the newest `keep_checkpoints` (`fields`: READS)."""
 
-  def __init__(self, workdir: Path, config: ml_collections.ConfigDict, echo=print, every=None):
-    self.every = config.checkpoint_every_steps if every is None else every
-    self.every_sec = config.get("checkpoint_every_minutes", 0) * 60
-    self.agree_every = config.get("log_every_steps", 1)  # several processes decide at log steps
+  def __init__(self, workdir: Path, fields, echo=print, every=None):
+    self.every = fields.checkpoint_every_steps if every is None else every
+    self.every_sec = fields.get("checkpoint_every_minutes", 0) * 60
+    self.agree_every = fields.get("log_every_steps", 1)  # several processes decide at log steps
     self.last_saved = time.monotonic()
     self.directory = Path(workdir).absolute() / "checkpoints"
     self.echo = echo
@@ -79,7 +87,7 @@ class Checkpoints:
       # The directory is made by the first save: a run that stops before it (a bad config, a
       # step that does not compile) leaves none behind.
       options=ocp.CheckpointManagerOptions(
-        max_to_keep=config.keep_checkpoints, create=False, enable_async_checkpointing=True
+        max_to_keep=fields.keep_checkpoints, create=False, enable_async_checkpointing=True
       ),
     )
 

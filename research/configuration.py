@@ -6,7 +6,6 @@ We parse overrides ourselves rather than through absl's config_flags so that eve
 
 import ast
 import contextlib
-import difflib
 import importlib
 import importlib.util
 import os
@@ -16,7 +15,9 @@ from pathlib import Path
 
 import ml_collections
 
+from research import fields as fields_lib
 from research.errors import UserError
+from research.fields import nearest
 
 
 def load(spec: str) -> ml_collections.ConfigDict:
@@ -147,17 +148,176 @@ def overrides(arguments: list[str]) -> list[tuple[str, str]]:
 
 
 def override(config: ml_collections.ConfigDict, field: str, text: str) -> None:
-  """Sets `config.<field>` (dotted) from its command-line text."""
+  """Sets `config.<field>` (dotted), a field it has, from its command-line text."""
   fields = _fields(config)
   if field not in fields:
-    near = difflib.get_close_matches(field, fields, n=3, cutoff=0.6)
-    hint = f"did you mean {', '.join(near)}?" if near else "see the config file for its fields"
-    raise UserError(f"config has no field {field!r}; {hint}")
+    raise UserError(f"--config.{field}: no part of this run reads it{nearest(field, fields)}")
   *parents, leaf = field.split(".")
   node = config
   for name in parents:
     node = node[name]
+  _set(node, leaf, text, node[leaf], field)
+
+
+def _set(node, leaf: str, text: str, like, field: str) -> None:
+  """node[leaf] from `text`, parsed as the type of `like`."""
   try:
-    node[leaf] = _parse_value(text, node[leaf])
+    node[leaf] = _parse_value(text, like)
   except ValueError as e:
     raise UserError(f"--config.{field}: {e}") from None
+
+
+def resolve(config: ml_collections.ConfigDict, overrides) -> None:
+  """Applies the command line's [(field, text)] to a training config loaded from its file: the
+  fields it has first (those that name parts among them), then the parts' modules imported and
+  their declared fields added (`complete`), then the fields of parts only they declare; and
+  checks that every field has an owner (`check_owned`)."""
+  held = []
+  for field, text in overrides:
+    if field in _fields(config):
+      override(config, field, text)
+    else:
+      held.append((field, text))
+  import_modules(config)
+  complete(config)
+  for field, text in held:
+    *parents, leaf = field.split(".")
+    node = config
+    for name in parents:
+      node = node[name] if isinstance(node, ml_collections.ConfigDict) and name in node else None
+    default = _declared_default(config, field)
+    if node is None or default is MISSING:
+      owned = _fields(config) + list(_owners())
+      raise UserError(f"--config.{field}: no part of this run reads it{nearest(field, owned)}")
+    _set(node, leaf, text, default, field)
+  check_owned(config)
+
+
+MISSING = object()  # a field nobody declares
+
+
+# --- owners: the library and the parts a config can name ---------------------------------------
+
+
+def _registries() -> dict:
+  """{config field that names a part: its registry}: the kinds whose parts read the config."""
+  from research import data, losses, metrics, models, optim, schedules, steps
+
+  return {
+    "model.name": models.MODELS,
+    "loss": losses.LOSSES,
+    "dataset": data.DATASETS,
+    "optimizer": optim.OPTIMIZERS,
+    "schedule": schedules.SCHEDULES,
+    "step": steps.STEPS,
+    "eval_metrics": metrics.EVAL_METRICS,
+  }
+
+
+def named(config) -> list:
+  """[(registry, name)] of the registered parts `config` names (at the top level: a model's
+  fields are its sub-config's, a group's optimizer's and schedule's the group's)."""
+  parts = []
+  for field, registry in _registries().items():
+    node, leaf = (config.get("model"), "name") if field == "model.name" else (config, field)
+    value = node.get(leaf) if isinstance(node, ml_collections.ConfigDict) else None
+    for name in value if isinstance(value, tuple | list) else (value,):
+      if isinstance(name, str) and name in registry.parts:
+        parts.append((registry, name))
+  return parts
+
+
+def complete(config: ml_collections.ConfigDict) -> None:
+  """Adds the fields the parts `config` names declare, at their defaults, where it lacks them:
+  a model's to its sub-config, the others' to the config."""
+  if config.get("experiment", "train") != "train":
+    return
+  for registry, name in named(config):
+    node = config.model if registry.kind == "model" else config
+    for field, default in registry.fields.get(name, {}).items():
+      if field not in node:
+        node[field] = default
+
+
+def _owners() -> dict:
+  """{field path: its owners in words} of every field a registered part declares: at the top
+  level (losses, datasets, optimizers, schedules, steps, metrics), in the model's sub-config
+  (`model.FIELD`, models) and in a parameter group (`param_groups.*.FIELD`, optimizers and
+  schedules)."""
+  found = {}
+  for registry in _registries().values():
+    for name, declared in registry.fields.items():
+      top = registry.kind != "model"
+      paths = [f if top else f"model.{f}" for f in declared]
+      if registry.kind in ("optimizer", "schedule"):
+        paths += [f"param_groups.*.{f}" for f in declared]
+      for path in paths:
+        found.setdefault(path, []).append(f"{registry.kind} {name!r}")
+  return {path: " and ".join(owners) for path, owners in found.items()}
+
+
+def _group_fields() -> list:
+  """What a parameter group may set: its own fields, its optimizer's and its schedule's (the
+  library's and those registered optimizers and schedules declare)."""
+  kinds = fields_lib.KINDS
+  declared = [f.removeprefix("param_groups.*.") for f in _owners() if f.startswith("param_gr")]
+  return [*fields_lib.GROUP, *kinds["optimizer"], *kinds["schedule"], *declared]
+
+
+def _declared_default(config, path: str):
+  """The default of the field at `path` that a registered part declares (in a parameter group:
+  what the group inherits, the config's value of a field the library owns), or MISSING."""
+  *parents, leaf = path.split(".")
+  if len(parents) == 2 and parents[0] == "param_groups" and leaf in _group_fields():
+    if leaf in config:
+      return config[leaf]
+    path = f"param_groups.*.{leaf}"
+  for registry in _registries().values():
+    for declared in registry.fields.values():
+      if leaf in declared and path in _owners():
+        return declared[leaf]
+  return MISSING
+
+
+def check_owned(config: ml_collections.ConfigDict) -> None:
+  """A user error for a field no owner declares, with the nearest names: at the top level
+  neither the library nor a registered part; in the model's sub-config neither a model's kind
+  nor a registered model; in a parameter group nothing a group may set (`_group_fields`)."""
+  if config.get("experiment", "train") != "train":
+    return
+  owners = _owners()
+  top = ["model", *fields_lib.library().keys(), *(f for f in owners if "." not in f)]
+  model = [*(f"model.{f}" for f in fields_lib.KINDS["model"]), *owners]
+  paths = list(config)
+  if isinstance(config.get("model"), ml_collections.ConfigDict):
+    paths += [f"model.{f}" for f in config.model]
+  for path in paths:
+    if path not in (model if path.startswith("model.") else top):
+      known = model if path.startswith("model.") else top
+      raise UserError(f"{path}: no part of this run reads it{nearest(path, known)}")
+  group = _group_fields()
+  for name, fields in config.get("param_groups", {}).items():
+    for field in fields if isinstance(fields, ml_collections.ConfigDict) else ():
+      if field not in group:
+        raise UserError(
+          f"param_groups.{name}.{field}: a parameter group reads none such (it sets match, "
+          f"train_fraction and its optimizer's and schedule's fields){nearest(field, group)}"
+        )
+
+
+def unused(config: ml_collections.ConfigDict) -> list[str]:
+  """Notes on the fields `config` sets that no part of this run reads: those of registered
+  parts it does not name (its loss switched on the command line, say)."""
+  if config.get("experiment", "train") != "train":
+    return []
+  read = {*fields_lib.library().keys(), *(f"model.{f}" for f in fields_lib.KINDS["model"])}
+  for registry, name in named(config):
+    declared = registry.fields.get(name, {})
+    read.update(f if registry.kind != "model" else f"model.{f}" for f in declared)
+  paths = [*config, *(f"model.{f}" for f in config.get("model", {}))]
+  owners = _owners()
+  return [
+    f"note: {path} is {owners.get(path, 'a part')}'s, which this run does not use"
+    for path in paths
+    if path not in read and path != "model"
+  ]

@@ -27,7 +27,6 @@ from jax import lax
 
 from research import data as data_lib
 from research import environment, steps
-from research import sweep as sweep_lib
 from research.data import (
   STREAMED,
   ImageDataset,
@@ -37,6 +36,7 @@ from research.data import (
   folder,
 )
 from research.errors import UserError
+from research.fields import KINDS
 from research.placement import (
   AXIS,
   first_replica,
@@ -45,6 +45,21 @@ from research.placement import (
   upload_shards,
   upload_whole,
 )
+
+# What this module reads of the config (the run's set-up hands it a view of these and of the
+# dataset's fields, `reads()`, research/fields.py).
+READS = (
+  "dataset", "data_dir", "skip_bad_images", "data_placement", "resident_max_gb",
+  "replicate_max_gb", "host_image_size", "batch_size", "eval_batch_size", "seed", "augment",
+  "eval_preprocess", "data_workers", "prefetch", "model.num_classes",
+)  # fmt: skip
+
+
+def reads() -> tuple:
+  """READS, a dataset's fields (fields.KINDS) and those every registered dataset declares: the
+  data's loader is handed its view of them (research/data/__init__.py `load`)."""
+  declared = [f for d in data_lib.DATASETS.fields.values() for f in d]
+  return tuple(dict.fromkeys((*READS, *KINDS["dataset"], *declared)))
 
 
 @dataclasses.dataclass
@@ -77,51 +92,57 @@ class Inputs:
 
 
 def make(
-  config, *, per_device_batch, augment, preprocess, shuffle_key, step_key, metrics=()
+  fields, runs, *, per_device_batch, augment, preprocess, shuffle_key, step_key, metrics=()
 ) -> Inputs:
   """The config's data, resident on the devices or streamed from host workers; its evals sum
   `metrics` (research/metrics.py `shapes`) besides loss and accuracy."""
   scanned = None
-  if config.dataset == "folder":
-    scanned = folder.scan(config.data_dir, config.skip_bad_images)
-    check_num_classes(str(scanned.root), len(scanned.classes), config.model.num_classes)
-  placement = config.data_placement  # folder only; tfds datasets always stream
+  if fields.dataset == "folder":
+    scanned = folder.scan(fields.data_dir, fields.skip_bad_images)
+    check_num_classes(str(scanned.root), len(scanned.classes), fields.model.num_classes)
+  placement = fields.data_placement  # folder only; tfds datasets always stream
   if scanned is not None and placement == "auto":
-    fits = folder.fits_on_devices(scanned, config.resident_max_gb, config.host_image_size)
+    fits = folder.fits_on_devices(scanned, fields.resident_max_gb, fields.host_image_size)
     placement = "resident" if fits else "streamed"
-  if config.dataset in STREAMED or (scanned is not None and placement == "streamed"):
-    if len(sweep_lib.points_of(config)) > 1:
+  if fields.dataset in STREAMED or (scanned is not None and placement == "streamed"):
+    if len(runs.points) > 1:
       raise UserError(
-        f"{_points(config)} train on one resident copy of the data, and {config.dataset} "
+        f"{_said(runs)} train on one resident copy of the data, and {fields.dataset} "
         "streams; train one run per launch (--config.seed=N, --config.FIELD=VALUE)"
       )
     for field, pipeline in (("augment", augment), ("eval_preprocess", preprocess)):
       if not pipeline.windowed:  # streamed images are padded squares
         raise UserError(
-          f"{field}={config[field]!r} must start with a window op (inception_crop or "
+          f"{field}={fields[field]!r} must start with a window op (inception_crop or "
           "central_crop) for streamed data: the host pads images to squares and the op reads "
           "only each image's valid part"
         )
-    inputs = streamed(config, per_device_batch, preprocess, step_key, scanned, metrics)
+    inputs = streamed(fields, per_device_batch, preprocess, step_key, scanned, metrics)
   elif scanned is None:
-    data = data_lib.load(config)
-    inputs = resident(config, data, per_device_batch, preprocess, shuffle_key, step_key, metrics)
+    data = data_lib.load(fields)
+    inputs = resident(
+      fields, runs, data, per_device_batch, preprocess, shuffle_key, step_key, metrics
+    )
   else:
-    size = config.host_image_size
-    data = folder.load_resident(scanned, config.skip_bad_images, size)
-    inputs = resident(config, data, per_device_batch, preprocess, shuffle_key, step_key, metrics)
+    size = fields.host_image_size
+    data = folder.load_resident(scanned, fields.skip_bad_images, size)
+    inputs = resident(
+      fields, runs, data, per_device_batch, preprocess, shuffle_key, step_key, metrics
+    )
     summary = folder.summary(scanned, len(data.skipped_files), data.resized, size)
     inputs = dataclasses.replace(inputs, passed_over=tuple(scanned.passed_over), summary=summary)
   given = scanned.classes if scanned is not None else inputs.classes  # a dataset's own names
-  classes = class_names(inputs.name, config.model.num_classes, given)
+  classes = class_names(inputs.name, fields.model.num_classes, given)
   return dataclasses.replace(inputs, classes=classes)
 
 
-def for_run(config, checked) -> Inputs:
-  """`make` for a run of `config` (`checked` by validate.train_config), keyed by its seed."""
-  _, shuffle_key, step_key = steps.run_keys(config.seed)
+def for_run(fields, checked, runs) -> Inputs:
+  """`make` for a run (`fields`: this module's view of its config, `reads()`; `checked` by
+  validate.train_config; `runs`: sweep.runs_of), keyed by its seed."""
+  _, shuffle_key, step_key = steps.run_keys(fields.seed)
   return make(
-    config,
+    fields,
+    runs,
     per_device_batch=checked.per_device_batch,
     augment=checked.augment,
     preprocess=checked.eval_preprocess,
@@ -176,10 +197,10 @@ def global_batches(batch_size: int, n_examples: int) -> int:
 # --- resident: the whole split on the devices -------------------------------------------------
 
 
-def _points(config) -> str:
-  """`4 seeds`, or `6 points of a sweep`: the runs of `config` in one program, in words."""
-  n = len(sweep_lib.points_of(config))
-  return f"{n} points of a sweep" if sweep_lib.sweeps_fields(config) else f"{n} seeds"
+def _said(runs) -> str:
+  """`4 seeds`, or `6 points of a sweep`: `runs` (sweep.runs_of) in one program, in words."""
+  n = len(runs.points)
+  return f"{n} points of a sweep" if runs.swept else f"{n} seeds"
 
 
 def shard_rows(seed: int, n_examples: int) -> np.ndarray:
@@ -254,13 +275,20 @@ def resident_eval(state, shard, *, preprocess, per_device_batch: int, metrics=()
 
 
 def resident(
-  config, data: ImageDataset, per_device_batch: int, preprocess, shuffle_key, step_key, metrics=()
+  fields,
+  runs,
+  data: ImageDataset,
+  per_device_batch: int,
+  preprocess,
+  shuffle_key,
+  step_key,
+  metrics=(),
 ) -> Inputs:
   """Uploads `data` once: the training split whole on every device where it is at most
   replicate_max_gb (every step's global batch then depends on the seed alone), else sharded
   over the devices; every step gathers its batch on device."""
   n_examples = len(data.train_labels)
-  train = _resident_train(config, data, per_device_batch, shuffle_key)
+  train = _resident_train(fields, runs, data, per_device_batch, shuffle_key)
   steps_per_epoch, order_of = train.steps_per_epoch, train.order_of
 
   def batches(start_step):
@@ -274,7 +302,7 @@ def resident(
         next_order = order_of(step // steps_per_epoch + 1)  # dispatched, not awaited
       yield train.rows, order
 
-  evaluate, compile_evals = _resident_evals(config, data, preprocess, metrics)
+  evaluate, compile_evals = _resident_evals(fields, runs, data, preprocess, metrics)
   return Inputs(
     name=data.name,
     source=data.source,
@@ -296,7 +324,7 @@ def resident(
     order_per_device=train.sharded,
     classes=tuple(data.classes),
     # (the data, each point's order)
-    point_axes=(None, 0) if len(sweep_lib.points_of(config)) > 1 else None,
+    point_axes=(None, 0) if len(runs.points) > 1 else None,
   )
 
 
@@ -310,24 +338,24 @@ class _Train(NamedTuple):
   layout: str  # in words, for the run's description
 
 
-def _resident_train(config, data: ImageDataset, per_device_batch: int, shuffle_key) -> _Train:
+def _resident_train(fields, runs, data: ImageDataset, per_device_batch: int, shuffle_key) -> _Train:
   """Uploads the training split, whole on every device or sharded (replicate_max_gb), with the
   order each epoch takes it in (each seed its own)."""
   n_devices, n_local = jax.device_count(), jax.local_device_count()
   n_examples = len(data.train_labels)
   train = (data.train_images, data.train_labels)
   local_devices = jax.process_index() * n_local + np.arange(n_local)
-  sharded = sum(a.nbytes for a in train) > config.replicate_max_gb * 2**30
-  seeds = sweep_lib.seeds_of(config)  # each point's: a seed repeats across a sweep's values
+  sharded = sum(a.nbytes for a in train) > fields.replicate_max_gb * 2**30
+  seeds = tuple(p.seed for p in runs.points)  # each point's: a seed repeats across a sweep's values
   if sharded and len(seeds) > 1:
     raise UserError(
-      f"{_points(config)} need the training split whole on every device, and it is larger than "
-      f"replicate_max_gb={config.replicate_max_gb}; raise replicate_max_gb if the devices hold "
+      f"{_said(runs)} need the training split whole on every device, and it is larger than "
+      f"replicate_max_gb={fields.replicate_max_gb}; raise replicate_max_gb if the devices hold "
       "it, or train one run per launch (--config.seed=N, --config.FIELD=VALUE)"
     )
   if sharded:
-    shard_size = check_shard(config.batch_size, n_examples, n_devices, per_device_batch)
-    rows = upload_shards(train, shard_size, shard_rows(config.seed, n_examples))
+    shard_size = check_shard(fields.batch_size, n_examples, n_devices, per_device_batch)
+    rows = upload_shards(train, shard_size, shard_rows(fields.seed, n_examples))
     steps_per_epoch = shard_size // per_device_batch
     order_of = functools.partial(
       shard_orders,
@@ -338,13 +366,13 @@ def _resident_train(config, data: ImageDataset, per_device_batch: int, shuffle_k
     )
     layout = (
       f"training split sharded, a part per device (larger than replicate_max_gb="
-      f"{config.replicate_max_gb}): its batches depend on the device count"
+      f"{fields.replicate_max_gb}): its batches depend on the device count"
     )
   else:
-    steps_per_epoch = global_batches(config.batch_size, n_examples)
+    steps_per_epoch = global_batches(fields.batch_size, n_examples)
     rows = upload_whole(train)
     in_order = functools.partial(
-      global_order, shuffle_key=shuffle_key, n_examples=n_examples, batch_size=config.batch_size
+      global_order, shuffle_key=shuffle_key, n_examples=n_examples, batch_size=fields.batch_size
     )
     order_of = lambda epoch, key=shuffle_key: device_orders(
       in_order(epoch, shuffle_key=key), devices=local_devices, n_devices=n_devices
@@ -354,17 +382,19 @@ def _resident_train(config, data: ImageDataset, per_device_batch: int, shuffle_k
     keys = jnp.stack([steps.run_keys(seed)[1] for seed in seeds])
     one_order = order_of
     order_of = lambda epoch: jnp.moveaxis(jax.vmap(lambda k: one_order(epoch, k))(keys), 0, 1)
-    layout += f"; {_points(config)}, each in its seed's order"
+    layout += f"; {_said(runs)}, each in its seed's order"
   return _Train(rows, steps_per_epoch, jax.jit(order_of), sharded, layout)
 
 
-def _resident_evals(config, data: ImageDataset, preprocess, metrics) -> tuple[Callable, Callable]:
+def _resident_evals(
+  fields, runs, data: ImageDataset, preprocess, metrics
+) -> tuple[Callable, Callable]:
   """(evaluate, compile_evals) of Inputs over the test split, uploaded once, padded to whole
   eval batches and sharded over the devices."""
   n_devices = jax.device_count()
-  test = pad_for_eval(data.test_images, data.test_labels, config.eval_batch_size)
+  test = pad_for_eval(data.test_images, data.test_labels, fields.eval_batch_size)
   test_shard = upload_shards(test, len(test[1]) // n_devices)
-  eval_batch = config.eval_batch_size // n_devices
+  eval_batch = fields.eval_batch_size // n_devices
 
   def eval_fn(pipeline):  # a state with a seed axis: each seed's totals
     fn = functools.partial(
@@ -373,7 +403,7 @@ def _resident_evals(config, data: ImageDataset, preprocess, metrics) -> tuple[Ca
       per_device_batch=eval_batch,
       metrics=metrics,
     )
-    return jax.vmap(fn, in_axes=(0, None)) if len(sweep_lib.points_of(config)) > 1 else fn
+    return jax.vmap(fn, in_axes=(0, None)) if len(runs.points) > 1 else fn
 
   p_evals = eval_programs(preprocess, lambda pipeline: jax.pmap(eval_fn(pipeline), axis_name=AXIS))
 
@@ -441,7 +471,7 @@ def streamed_eval(state, batch, totals, *, preprocess, metrics=()):
 
 
 def streamed(
-  config, per_device_batch: int, preprocess, step_key, scanned=None, metrics=()
+  fields, per_device_batch: int, preprocess, step_key, scanned=None, metrics=()
 ) -> Inputs:
   """A streamed dataset (`scanned`: the image folder, if already listed)."""
   environment.check(environment.STREAMED)
@@ -449,10 +479,10 @@ def streamed(
 
   share = (jax.process_index(), jax.process_count())  # each process reads its own part
   n_local = jax.local_device_count()
-  train_source, eval_source, description, content = streaming.sources(config, scanned)
+  train_source, eval_source, description, content = streaming.sources(fields, scanned)
   per_process = per_device_batch * n_local
-  steps_per_epoch = global_batches(config.batch_size, len(train_source))
-  train_ds = streaming.shuffled(train_source, config.seed)
+  steps_per_epoch = global_batches(fields.batch_size, len(train_source))
+  train_ds = streaming.shuffled(train_source, fields.seed)
   skipped = {}  # undecodable files passed over so far (skip_bad_images), each said once
   # tfds sources skip nothing
   on_train, on_eval = (
@@ -462,10 +492,10 @@ def streamed(
   )
 
   def batches(start_step):
-    stream = streaming.batch_stream(train_ds, per_process, start_step, config.data_workers, share)
-    return prefetch_to_devices(stream, config.prefetch, on_train)
+    stream = streaming.batch_stream(train_ds, per_process, start_step, fields.data_workers, share)
+    return prefetch_to_devices(stream, fields.prefetch, on_train)
 
-  eval_per_process = config.eval_batch_size // share[1]
+  eval_per_process = fields.eval_batch_size // share[1]
   pipelines = eval_pipelines(preprocess)
 
   def eval_program(pipeline):
@@ -477,14 +507,14 @@ def streamed(
   def evaluate(rstate, all_views=True):
     zeros = steps.zero_totals(pipelines[all_views], metrics)
     totals = replicate(jax.device_get(zeros))  # on device
-    stream = streaming.eval_batches(eval_source, eval_per_process, config.data_workers, share)
-    for batch in prefetch_to_devices(stream, config.prefetch, on_eval):
+    stream = streaming.eval_batches(eval_source, eval_per_process, fields.data_workers, share)
+    for batch in prefetch_to_devices(stream, fields.prefetch, on_eval):
       totals = p_evals[all_views](rstate, batch, totals)
     return first_replica(totals)
 
-  size = config.host_image_size
+  size = fields.host_image_size
   return Inputs(
-    name=config.dataset,
+    name=fields.dataset,
     source=description,
     fallback_reason="",
     fingerprint=content,

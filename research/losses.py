@@ -3,40 +3,42 @@
 A loss is `loss(logits, targets, intermediates, config) -> [batch]` per-example losses, where
 `targets` are class probabilities [batch, num_classes] (one-hot, or mixed by an augmentation
 such as mixup), `intermediates` what the model sowed there in training
-(`self.sow("intermediates", name, value)`) and `config` the whole training config. A fork
-registers its own with `@research.losses.register("name")` in a module of `config.modules`.
+(`self.sow("intermediates", name, value)`) and `config` its view of the config: a loss's
+fields (`label_smoothing`, ...: research/fields.py) and those it declares. A fork registers
+its own with `@research.losses.register("name", fields={...})` in a module of
+`config.modules`.
 The eval reports cross-entropy whatever the training loss is, and its record says so.
 """
 
 import jax.numpy as jnp
 import optax
 
+from research.fields import KINDS
 from research.registry import Registry
 
-LOSSES = Registry("loss", "loss")
+LOSSES = Registry("loss", "loss", "research.losses")
 register = LOSSES.register
-FIELDS = ("label_smoothing", "aux_loss_weight")  # what a loss reads of the library's fields
 
 
 def reads(name: str) -> tuple:
   """The config fields the loss `name` reads: a loss's and those it declares."""
-  return (*FIELDS, *LOSSES.fields[name])
+  return (*KINDS["loss"], *LOSSES.fields[name])
 
 
 @register("cross_entropy")
-def cross_entropy(logits, targets, intermediates, config):
+def cross_entropy(logits, targets, intermediates, fields):
   """Softmax cross-entropy per example in float32, against the targets smoothed by
-  `config.label_smoothing`."""
+  `fields.label_smoothing`."""
   del intermediates  # what other losses may use
-  smoothed = optax.smooth_labels(targets, config.label_smoothing)
+  smoothed = optax.smooth_labels(targets, fields.label_smoothing)
   return optax.softmax_cross_entropy(logits.astype(jnp.float32), smoothed)
 
 
 @register("auxiliary_cross_entropy")
-def auxiliary_cross_entropy(logits, targets, intermediates, config):
-  """Cross-entropy of the logits plus `config.aux_loss_weight` × that of each auxiliary head
+def auxiliary_cross_entropy(logits, targets, intermediates, fields):
+  """Cross-entropy of the logits plus `fields.aux_loss_weight` × that of each auxiliary head
   the model sowed as `auxiliary_logits` (Inception-v3's; none: plain cross-entropy)."""
-  losses = cross_entropy(logits, targets, intermediates, config)
+  losses = cross_entropy(logits, targets, intermediates, fields)
   for aux_logits in intermediates.get("auxiliary_logits", ()):
-    losses += config.aux_loss_weight * cross_entropy(aux_logits, targets, intermediates, config)
+    losses += fields.aux_loss_weight * cross_entropy(aux_logits, targets, intermediates, fields)
   return losses

@@ -139,10 +139,9 @@ def load_config(args, overrides):
   from research import configuration  # imports the packages environment.CORE checked
 
   config = configuration.load(args.config)
-  for field, value in overrides:
-    configuration.override(config, field, value)
+  # A fork's parts imported, their declared fields added and set, every field's owner checked
+  configuration.resolve(config, overrides)
   configuration.absolute_paths(config, Path.cwd())  # recorded as absolute: usable from anywhere
-  configuration.import_modules(config)  # a fork's parts, before anything checks the config
   return config
 
 

@@ -24,9 +24,10 @@ from PIL import Image
 
 from research import workdir as workdir_lib
 from research.errors import UserError
+from research.fields import of_part
 from research.registry import Registry
 
-EVAL_METRICS = Registry("eval metric", "eval_metrics")
+EVAL_METRICS = Registry("eval metric", "eval_metrics", "research.metrics")
 register = EVAL_METRICS.register  # register(name, finish=f): f(totals, count) -> the value
 
 
@@ -46,14 +47,24 @@ def per_class(totals) -> np.ndarray:
     return totals[0] / totals[1]
 
 
-def shapes(names, num_classes: int) -> tuple:
-  """((name, the shape of its value per example beyond the batch), ...) of the eval metrics
-  `names`, traced (jax.eval_shape) on logits [batch, num_classes] and labels [batch] at two
-  batch sizes other than the class count; a user error for a metric that does not return one
-  value per example."""
+def bound(name: str, source=None):
+  """The eval metric `name` as `(logits, labels) -> [batch, ...]`: one that declared fields
+  (`register(name, fields={...})`) is called with its view of `source` (the config) third."""
+  metric = EVAL_METRICS.get(name)
+  if not EVAL_METRICS.fields.get(name):
+    return metric
+  view = of_part(EVAL_METRICS, name, {} if source is None else source)
+  return lambda logits, labels: metric(logits, labels, view)
+
+
+def shapes(names, num_classes: int, source=None) -> tuple:
+  """((name, the shape of its value per example beyond the batch, the metric `bound` to
+  `source`), ...) of the eval metrics `names`, traced (jax.eval_shape) on logits [batch,
+  num_classes] and labels [batch] at two batch sizes other than the class count; a user error
+  for a metric that does not return one value per example."""
   found = []
   for name in names:
-    metric, outs = EVAL_METRICS.get(name), []
+    metric, outs = bound(name, source), []
     for batch in (num_classes + 1, num_classes + 2):
       logits = jax.ShapeDtypeStruct((batch, num_classes), jnp.float32)
       out = jax.eval_shape(metric, logits, jax.ShapeDtypeStruct((batch,), jnp.int32))
@@ -68,7 +79,7 @@ def shapes(names, num_classes: int) -> tuple:
           "(docs/extending.md)"
         )
       outs.append(shape[1:])
-    found.append((name, outs[0]))
+    found.append((name, outs[0], metric))
   return tuple(found)
 
 

@@ -16,6 +16,9 @@ not with grad_clip_norm, nor for a step that reads the gradient itself).
 Parameters no group matches use
 the config's own optimizer, with weight decay on kernels only. A group's weight decay applies
 to all its parameters.
+
+This module reads the fields `reads()` names (the run's set-up hands it a view of them,
+research/fields.py): its functions take that view, `fields`, never the whole config.
 """
 
 import re
@@ -30,6 +33,7 @@ from optax.contrib import MuonDimensionNumbers, scale_by_muon
 
 from research import schedules
 from research.errors import UserError
+from research.fields import of_part
 from research.registry import Registry
 
 DEFAULT = "default"  # the label of parameters no group matches
@@ -39,48 +43,25 @@ DEFAULT = "default"  # the label of parameters no group matches
 # `make(learning_rate, fields) -> optax.GradientTransformation`, where `learning_rate` is the
 # schedule and `fields` the group's config fields (the config's own for parameters no group
 # takes): a fork's optimizer reads its fields there, set in its config.
-OPTIMIZERS = Registry("optimizer", "optimizer")
+OPTIMIZERS = Registry("optimizer", "optimizer", "research.optim")
 register = OPTIMIZERS.register
 
 
-# Float fields that size or time the run rather than set a step's arithmetic: constants of the
-# program. Every other float field, the config's and each parameter group's (a fork's too),
-# is an argument of the compiled step where it is not 0 (`hyper_values`), so that a run with
-# another learning rate, weight decay, momentum, label smoothing or loss scalar loads the
-# step from the compilation cache; a 0 stays a constant (it may drop a transformation).
-STATIC_FLOATS = {
-  "warmup_epochs", "lr_decay_epochs", "lr_decay_rate", "train_fraction", "eval_every_epochs",
-  "checkpoint_every_epochs", "checkpoint_every_minutes", "log_every_seconds",
-  "replicate_max_gb", "resident_max_gb", "synthetic_noise",
-}  # fmt: skip
+# What this module reads of the config (besides the fields registered optimizers and schedules
+# declare): the optimizers' and schedules' fields, the batch the learning rate scales with,
+# clipping, the parameter groups and the model's dtype (Muon's "model" dtype).
+READS = (
+  "optimizer", "learning_rate", "lr_batch_size", "batch_size", "schedule", "warmup_epochs",
+  "lr_decay", "lr_decay_rate", "lr_decay_epochs", "momentum", "nesterov", "rms_decay", "rms_eps",
+  "rms_eps_in_sqrt", "weight_decay", "grad_clip_norm", "param_groups", "model.dtype",
+)  # fmt: skip
 
 
-def hyper_values(config: ml_collections.ConfigDict) -> dict:
-  """{field path: value} of the float fields the compiled step takes as arguments: the
-  config's and its parameter groups' (`param_groups.NAME.FIELD`), non-zero, not STATIC_FLOATS;
-  the learning rates only where every schedule is registered traced=True (optax's schedule
-  constructors check their numbers in Python)."""
-  static = STATIC_FLOATS | (
-    set() if length_traced(config, group_fields(config)) else {"learning_rate"}
-  )
-  taken = lambda name, v: isinstance(v, float) and v != 0 and name not in static
-  values = {name: v for name, v in config.items() if taken(name, v)}
-  for group, fields in config.param_groups.items():
-    values |= {f"param_groups.{group}.{k}": v for k, v in fields.items() if taken(k, v)}
-  return values
-
-
-def with_values(config: ml_collections.ConfigDict, values: dict) -> ml_collections.ConfigDict:
-  """A copy of `config` whose fields named in `values` (hyper_values' paths) hold those
-  values: traced scalars inside the step."""
-  tree = config.to_dict()
-  for path, value in values.items():
-    *parents, name = path.split(".")
-    node = tree
-    for parent in parents:
-      node = node[parent]
-    node[name] = value
-  return ml_collections.ConfigDict(tree)
+def reads() -> tuple:
+  """READS and every field a registered optimizer or schedule declares (a group inherits the
+  config's value of one)."""
+  declared = [f for r in (OPTIMIZERS, schedules.SCHEDULES) for d in r.fields.values() for f in d]
+  return (*READS, *dict.fromkeys(declared))
 
 
 def nonzero(value) -> bool:
@@ -89,25 +70,28 @@ def nonzero(value) -> bool:
   return not isinstance(value, (int, float)) or value != 0
 
 
-def learning_rate_schedule(
-  config: ml_collections.ConfigDict, steps_per_epoch: int, num_steps, fields=None
-) -> optax.Schedule:
-  """The schedule `fields.schedule` names (research/schedules.py) over `num_steps` (an int, or
-  a traced int32 scalar where the schedule takes one), after `fields.warmup_epochs` of linear
-  warm-up from 0: peaking at `fields.learning_rate` (0: the config's, scaled to the global
-  batch by lr_batch_size). `fields`: a parameter group's (group_fields), else the config's."""
-  scaled = config.learning_rate  # linear scaling rule: per lr_batch_size examples
-  if config.lr_batch_size:
-    scaled *= config.batch_size / config.lr_batch_size
-  fields = config if fields is None else fields
-  peak = fields.learning_rate if fields is not config and nonzero(fields.learning_rate) else scaled
-  warmup = int(fields.warmup_epochs * steps_per_epoch)
-  decay_steps = jnp.maximum(1, num_steps - warmup) if traced(fields) else max(1, num_steps - warmup)
+def learning_rate_schedule(fields, steps_per_epoch: int, num_steps, group=None) -> optax.Schedule:
+  """The schedule `group.schedule` names (research/schedules.py) over `num_steps` (an int, or
+  a traced int32 scalar where the schedule takes one), after `group.warmup_epochs` of linear
+  warm-up from 0: peaking at `group.learning_rate` (0: the config's, scaled to the global
+  batch by lr_batch_size). `group`: a parameter group's fields (group_fields), else None for
+  the config's own (`fields`, this module's view)."""
+  scaled = fields.learning_rate  # linear scaling rule: per lr_batch_size examples
+  if fields.lr_batch_size:
+    scaled *= fields.batch_size / fields.lr_batch_size
+  own = fields if group is None else group
+  peak = own.learning_rate if group is not None and nonzero(own.learning_rate) else scaled
+  warmup = int(own.warmup_epochs * steps_per_epoch)
+  decay_steps = jnp.maximum(1, num_steps - warmup) if traced(own) else max(1, num_steps - warmup)
+  make, view = (
+    schedules.SCHEDULES.get(own.schedule),
+    of_part(schedules.SCHEDULES, own.schedule, own),
+  )
   try:
-    decay = schedules.SCHEDULES.get(fields.schedule)(peak, decay_steps, steps_per_epoch, fields)
+    decay = make(peak, decay_steps, steps_per_epoch, view)
   except ValueError as e:  # optax's constructors check their numbers: the run's, not a bug
     raise UserError(
-      f"schedule={fields.schedule!r} refuses this run's numbers ({e}); the run has {num_steps} "
+      f"schedule={own.schedule!r} refuses this run's numbers ({e}); the run has {num_steps} "
       "steps: train longer, or give the schedule numbers that fit"
     ) from None
   if not warmup:
@@ -121,20 +105,20 @@ def traced(fields) -> bool:
   return bool(schedules.SCHEDULES.options[fields.schedule].get("traced"))
 
 
-def length_traced(config, groups: dict) -> bool:
+def length_traced(fields, groups: dict) -> bool:
   """Whether every schedule the optimizer uses takes the run's length traced: only then is the
   length an argument of the compiled step (else the step holds it as a constant)."""
-  return traced(config) and all(traced(fields) for fields in groups.values())
+  return traced(fields) and all(traced(group) for group in groups.values())
 
 
-def logged_schedules(config, steps_per_epoch: int, num_steps: int, groups: dict) -> dict:
+def logged_schedules(fields, steps_per_epoch: int, num_steps: int, groups: dict) -> dict:
   """{record field: step -> learning rate}: what the optimizer applies, by the same functions:
   `learning_rate` (the config's own, for parameters no group takes) and each group's
   `learning_rate/GROUP`."""
-  logged = {"learning_rate": learning_rate_schedule(config, steps_per_epoch, num_steps)}
-  for name, fields in groups.items():
-    schedule = group_schedule(config, fields, steps_per_epoch, num_steps)
-    if OPTIMIZERS.options[fields.optimizer].get("frozen"):  # never updated: no rate applies
+  logged = {"learning_rate": learning_rate_schedule(fields, steps_per_epoch, num_steps)}
+  for name, group in groups.items():
+    schedule = group_schedule(fields, group, steps_per_epoch, num_steps)
+    if OPTIMIZERS.options[group.optimizer].get("frozen"):  # never updated: no rate applies
       schedule = optax.constant_schedule(0.0)
     logged[f"learning_rate/{name}"] = schedule
   return logged
@@ -149,13 +133,13 @@ def group_steps(fraction: float, num_steps):
   return jnp.maximum(1, jnp.round(product).astype(jnp.int32))
 
 
-def group_schedule(config, fields, steps_per_epoch: int, num_steps):
+def group_schedule(fields, group, steps_per_epoch: int, num_steps):
   """A parameter group's schedule: over its `train_fraction` of the run's steps, 0 after."""
-  steps = group_steps(fields.train_fraction, num_steps)
-  if traced(fields) and isinstance(steps, int):  # its arithmetic in jnp: the traced one's
+  steps = group_steps(group.train_fraction, num_steps)
+  if traced(group) and isinstance(steps, int):  # its arithmetic in jnp: the traced one's
     steps = jnp.int32(steps)
-  schedule = learning_rate_schedule(config, steps_per_epoch, steps, fields)
-  return _until(schedule, steps) if fields.train_fraction < 1 else schedule
+  schedule = learning_rate_schedule(fields, steps_per_epoch, steps, group)
+  return _until(schedule, steps) if group.train_fraction < 1 else schedule
 
 
 def _kernels_only(params):
@@ -259,7 +243,20 @@ def newton_schulz_stacked(ns_coeffs, ns_steps: int) -> optax.GradientTransformat
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
 
 
-@register("muon", decays_weights=True, groups_only=True, steps=True)
+@register(
+  "muon",
+  fields={
+    "ns_steps": 5,  # Newton-Schulz iterations
+    "ns_coeffs": (3.4445, -4.7750, 2.0315),  # optax's (Newton-Schulz's quintic)
+    "ns_stacked": False,  # True: the iterations on all kernels at once (newton_schulz_stacked)
+    "normalize_weights": False,  # each kernel rescaled to norm sqrt(out) before its update
+    "normalize_every": (),  # (): at every update (renormalize_weights); (first, growth)
+    "muon_dtype": "float32",  # "bfloat16", or "model": the model's compute dtype
+  },
+  decays_weights=True,
+  groups_only=True,
+  steps=True,
+)
 def muon(learning_rate, fields, steps=None) -> optax.GradientTransformation:
   """Momentum orthogonalised by Newton-Schulz (`ns_steps` of `ns_coeffs`) per kernel, or on
   all kernels stacked where `ns_stacked` (newton_schulz_stacked), weight
@@ -297,74 +294,62 @@ def frozen(learning_rate, fields) -> optax.GradientTransformation:
   return optax.set_to_zero()
 
 
-def _transforms(fields, schedule, steps, mask=None) -> list[optax.GradientTransformation]:
-  """The optimizer `fields.optimizer` names (given the run's `steps` where registered with
-  steps=True), after `fields.weight_decay` (L2, added to the gradient; on `mask`'s
-  parameters) unless it decays weights itself."""
-  make, options = OPTIMIZERS.get(fields.optimizer), OPTIMIZERS.options[fields.optimizer]
-  transforms = [
-    make(schedule, fields, steps=steps) if options.get("steps") else make(schedule, fields)
-  ]
-  if nonzero(fields.weight_decay) and not options.get("decays_weights"):
-    transforms.insert(0, optax.add_decayed_weights(fields.weight_decay, mask=mask))
+def _transforms(group, schedule, steps, mask=None) -> list[optax.GradientTransformation]:
+  """The optimizer `group.optimizer` names (given its view of `group`'s fields, and the run's
+  `steps` where registered with steps=True), after `group.weight_decay` (L2, added to the
+  gradient; on `mask`'s parameters) unless it decays weights itself. `group`: a parameter
+  group's fields, or this module's view for the config's own optimizer."""
+  make, options = OPTIMIZERS.get(group.optimizer), OPTIMIZERS.options[group.optimizer]
+  view = of_part(OPTIMIZERS, group.optimizer, group)
+  transforms = [make(schedule, view, steps=steps) if options.get("steps") else make(schedule, view)]
+  if nonzero(group.weight_decay) and not options.get("decays_weights"):
+    transforms.insert(0, optax.add_decayed_weights(group.weight_decay, mask=mask))
   return transforms
 
 
-GROUP_FIELDS = (  # a group's own
-  "train_fraction", "ns_steps", "ns_coeffs", "ns_stacked", "normalize_weights",
-  "normalize_every", "muon_dtype",
-)  # fmt: skip
-
-
-def group_fields(config: ml_collections.ConfigDict) -> dict:
-  """{group name: its fields, the config's values filling what the group leaves unset}."""
-  scalars = {k: v for k, v in config.items() if not isinstance(v, ml_collections.ConfigDict)}
-  defaults = dict(
-    scalars,  # any optimizer's fields, a fork's too
-    train_fraction=1.0,
-    ns_steps=5,
-    ns_coeffs=(3.4445, -4.7750, 2.0315),  # optax's (Newton-Schulz's quintic)
-    ns_stacked=False,  # True: the iterations on all kernels at once (newton_schulz_stacked)
-    normalize_weights=False,
-    normalize_every=(),  # (): at every update (renormalize_weights)
-    muon_dtype="float32",
-    learning_rate=0.0,  # 0: the config's (scaled to the batch)
-  )
+def group_fields(fields) -> dict:
+  """{group name: its fields}: what the group sets, the config's values filling what it leaves
+  unset, and the fields its optimizer and schedule declare at their defaults where the config
+  has none; `learning_rate` 0 (the config's, scaled to the batch) and `train_fraction` 1 where
+  it sets none. (Which fields a group may set: configuration.check_owned.)"""
+  scalars = {k: v for k, v in fields.items() if not isinstance(v, ml_collections.ConfigDict)}
+  scalars.pop("model", None)
   groups = {}
-  for name, group in config.param_groups.items():
-    unknown = set(group.keys()) - set(defaults) - {"match"}
-    if unknown or "match" not in group:
-      raise UserError(
-        f"param_groups.{name}: "
-        + (f"unknown fields {sorted(unknown)}" if unknown else "needs a `match` pattern")
-        + f"; a group has match and any of the config's fields or {', '.join(GROUP_FIELDS)}"
-      )
-    fields = {**defaults, **group.to_dict()}
-    _check_muon_fields(name, fields)
-    if fields["muon_dtype"] == "model":  # Muon in the model's compute dtype
-      fields["muon_dtype"] = config.model.dtype
-    groups[name] = ml_collections.ConfigDict(fields)
+  for name, group in fields.param_groups.items():
+    if "match" not in group:
+      raise UserError(f"param_groups.{name} needs a `match` pattern: a regex of parameter paths")
+    settings = group.to_dict()
+    optimizer = settings.get("optimizer", scalars["optimizer"])
+    schedule = settings.get("schedule", scalars["schedule"])
+    declared = {
+      **schedules.SCHEDULES.fields.get(schedule, {}),
+      **OPTIMIZERS.fields.get(optimizer, {}),
+    }
+    merged = {**declared, **scalars, "train_fraction": 1.0, "learning_rate": 0.0, **settings}
+    if merged.get("muon_dtype") == "model":  # Muon in the model's compute dtype
+      merged["muon_dtype"] = fields.model.dtype
+    groups[name] = ml_collections.ConfigDict(merged)
   return groups
 
 
-def _check_muon_fields(name: str, fields: dict) -> None:
+def check_muon_fields(name: str, group) -> None:
   """A user error for a group's Newton-Schulz coefficients that are not three numbers, or a
   renormalisation period that is not () or (first, growth) of a group that renormalises."""
   numbers = lambda xs, n: len(xs) == n and all(isinstance(x, (int, float)) for x in xs)
-  coeffs, every = tuple(fields["ns_coeffs"]), tuple(fields["normalize_every"])
+  coeffs, every = tuple(group.ns_coeffs), tuple(group.normalize_every)
   if not numbers(coeffs, 3):
     raise UserError(f"param_groups.{name}.ns_coeffs={coeffs}: give three numbers (a, b, c)")
-  if every and not (numbers(every, 2) and fields["normalize_weights"]):
+  if every and not (numbers(every, 2) and group.normalize_weights):
     raise UserError(
       f"param_groups.{name}.normalize_every={every}: give (first, growth), two numbers, for a "
       "group with normalize_weights=True, or () to renormalise at every update"
     )
 
 
-def labels(config: ml_collections.ConfigDict, params) -> dict:
-  """The group of each parameter (DEFAULT where none matches); a user error for a group that
-  matches no parameter."""
-  patterns = {name: re.compile(g.match) for name, g in config.param_groups.items()}
+def labels(param_groups, params) -> dict:
+  """The group of each parameter (DEFAULT where none matches `param_groups`' patterns); a user
+  error for a group that matches no parameter."""
+  patterns = {name: re.compile(g.match) for name, g in param_groups.items()}
   matched = set()
 
   def label(path, _):
@@ -379,14 +364,14 @@ def labels(config: ml_collections.ConfigDict, params) -> dict:
   if unmatched := [g for g in patterns if g not in matched]:
     paths = ["/".join(str(getattr(k, "key", k)) for k in p) for p, _ in _leaves(params)]
     raise UserError(
-      f"param_groups.{unmatched[0]}.match={config.param_groups[unmatched[0]].match!r} matches "
+      f"param_groups.{unmatched[0]}.match={param_groups[unmatched[0]].match!r} matches "
       f"no parameter (or only ones an earlier group took); parameters: {', '.join(paths[:8])}"
       + (", …" if len(paths) > 8 else "")
     )
   return result
 
 
-def frozen_mask(config: ml_collections.ConfigDict, params, groups: dict, also=()):
+def frozen_mask(param_groups, params, groups: dict, also=()):
   """True for each parameter a group (`groups`: group_fields) freezes for the whole run (an
   optimizer registered with frozen=True), or that a group named in `also` holds, which the
   step then does not differentiate; None where no group does."""
@@ -394,10 +379,10 @@ def frozen_mask(config: ml_collections.ConfigDict, params, groups: dict, also=()
   frozen |= set(also)
   if not frozen:
     return None
-  return jax.tree.map(lambda label: label in frozen, labels(config, params))
+  return jax.tree.map(lambda label: label in frozen, labels(param_groups, params))
 
 
-def frozen_from(config: ml_collections.ConfigDict, groups: dict, num_steps: int) -> dict:
+def frozen_from(grad_clip_norm: float, groups: dict, num_steps: int) -> dict:
   """{step count: the groups whose learning rate is 0 from there to the run's end}: those that
   train a `train_fraction` < 1 of the run's `num_steps` (their schedule is 0 after it,
   `group_schedule`). From that step the group's update no longer depends on its gradient (the
@@ -406,13 +391,13 @@ def frozen_from(config: ml_collections.ConfigDict, groups: dict, num_steps: int)
   only (the clipped norm would count the gradient), and for steps registered
   optimizer_only=True (research/steps.py); the logged grad_norm leaves the group out from
   there."""
-  if config.grad_clip_norm:
+  if grad_clip_norm:
     return {}
   ends = {}
-  for name, fields in groups.items():
-    end = group_steps(fields.train_fraction, num_steps)  # the schedule's own count
-    frozen = OPTIMIZERS.options[fields.optimizer].get("frozen")
-    if fields.train_fraction < 1 and end < num_steps and not frozen:
+  for name, group in groups.items():
+    end = group_steps(group.train_fraction, num_steps)  # the schedule's own count
+    frozen = OPTIMIZERS.options[group.optimizer].get("frozen")
+    if group.train_fraction < 1 and end < num_steps and not frozen:
       ends.setdefault(end, []).append(name)
   return {end: tuple(names) for end, names in sorted(ends.items())}
 
@@ -422,48 +407,48 @@ def _leaves(params):
 
 
 def create_optimizer(
-  config: ml_collections.ConfigDict, steps_per_epoch: int, num_steps: int, groups=None
+  fields, steps_per_epoch: int, num_steps: int, groups=None
 ) -> optax.GradientTransformationExtraArgs:
-  """The config's optimizer, built once a run, its schedules over `num_steps`. Its update takes
-  the run's length as `horizon=` (the compiled step's int32 argument, traced): where every
-  schedule takes it traced (`length_traced`) they end there, so that runs of any length share
-  one compiled step; and `hyper=` (hyper_values, traced), the values its fields take. It then
-  makes its transformations for them in the trace, as optax.inject_hyperparams does for its
-  traced hyper-parameters. `groups`: group_fields."""
-  groups = group_fields(config) if groups is None else groups
-  traced = length_traced(config, groups)
-  made = _transformation(config, steps_per_epoch, num_steps, groups)
+  """The config's optimizer (`fields`: this module's view, `reads()`), built once a run, its
+  schedules over `num_steps`. Its update takes the run's length as `horizon=` (the compiled
+  step's int32 argument, traced): where every schedule takes it traced (`length_traced`) they
+  end there, so that runs of any length share one compiled step; and `hyper=`
+  (sweep.hyper_values, traced), the values its fields take. It then makes its transformations
+  for them in the trace, as optax.inject_hyperparams does for its traced hyper-parameters.
+  `groups`: group_fields."""
+  groups = group_fields(fields) if groups is None else groups
+  traced = length_traced(fields, groups)
+  made = _transformation(fields, steps_per_epoch, num_steps, groups)
 
   def update(updates, state, params=None, *, horizon=None, hyper=None, **extra_args):
     if (not traced or horizon is None) and not hyper:
       return made.update(updates, state, params, **extra_args)
     length = horizon if traced and horizon is not None else num_steps
-    view = with_values(config, hyper) if hyper else config
+    view = fields.with_values(hyper) if hyper else fields
     tx = _transformation(view, steps_per_epoch, length, group_fields(view) if hyper else groups)
     return tx.update(updates, state, params, **extra_args)  # the same state's layout
 
   return optax.GradientTransformationExtraArgs(made.init, update)
 
 
-def _transformation(config, steps_per_epoch: int, num_steps, groups: dict):
+def _transformation(fields, steps_per_epoch: int, num_steps, groups: dict):
   """The optimizer's chain, its schedules over `num_steps` (an int, or traced)."""
-  schedule = learning_rate_schedule(config, steps_per_epoch, num_steps)
+  schedule = learning_rate_schedule(fields, steps_per_epoch, num_steps)
   chain = []
-  if nonzero(config.grad_clip_norm):
-    chain.append(optax.clip_by_global_norm(config.grad_clip_norm))
-  default = _transforms(config, schedule, num_steps, mask=_kernels_only)
-  if not config.param_groups:
+  if nonzero(fields.grad_clip_norm):
+    chain.append(optax.clip_by_global_norm(fields.grad_clip_norm))
+  default = _transforms(fields, schedule, num_steps, mask=_kernels_only)
+  if not fields.param_groups:
     return optax.chain(*chain, *default)
   transforms = {DEFAULT: optax.chain(*default)}
-  for name, fields in groups.items():  # each group's schedule, 0 once its share is over
-    group = _transforms(
-      fields, group_schedule(config, fields, steps_per_epoch, num_steps), num_steps
-    )
+  for name, group in groups.items():  # each group's schedule, 0 once its share is over
+    schedule = group_schedule(fields, group, steps_per_epoch, num_steps)
+    made = _transforms(group, schedule, num_steps)
     # Chained as before the registry, so the optimizer state keeps its layout and earlier
     # runs' checkpoints restore: muon and frozen alone, the others in a chain.
-    decays_itself = OPTIMIZERS.options[fields.optimizer].get("decays_weights")
-    transforms[name] = group[0] if decays_itself else optax.chain(*group)
-  tx = optax.multi_transform(transforms, lambda params: labels(config, params))
+    decays_itself = OPTIMIZERS.options[group.optimizer].get("decays_weights")
+    transforms[name] = made[0] if decays_itself else optax.chain(*made)
+  tx = optax.multi_transform(transforms, lambda params: labels(fields.param_groups, params))
   return optax.chain(*chain, tx)
 
 

@@ -26,7 +26,7 @@ import threading
 import time
 
 EXIT_LOST = 3  # a process of the run was lost; this one stopped
-LOST_AFTER_SEC = 30  # for configs without lost_process_after_sec (configs/common.py sets it)
+LOST_AFTER_SEC = 30  # for configs without lost_process_after_sec (research/fields.py has it)
 _said = None  # the pipe to this process's guardian, while it has one
 
 # The guardian: reads until its process's end closes the pipe; says the error unless "ended".

@@ -68,12 +68,17 @@ def _diverged_before(workdir: Path) -> dict:
   return workdir_lib.last_recorded(workdir, "diverged", "metrics.jsonl") or {}
 
 
+# What Progress reads of the config (the run hands it a view of these, research/fields.py).
+READS = ("log_every_steps", "log_every_seconds", "batch_size", "steps_per_call")
+
+
 class Progress:
   """A train record at log steps: one metrics fetch, the NaN check, the line and its notes.
-  `training`: the run run.setup built (its schedules, length, seeds and points)."""
+  `fields`: READS; `training`: the run run.setup built (its schedules, length, seeds and
+  points)."""
 
-  def __init__(self, config, log, training, start_step: int, echo, checkpoints):
-    self.config, self.log, self.echo = config, log, echo
+  def __init__(self, fields, log, training, start_step: int, echo, checkpoints):
+    self.fields, self.log, self.echo = fields, log, echo
     # One call per record, not one per jnp op in it; compiled now, not inside the timed span
     rates = lambda step: {name: schedule(step) for name, schedule in training.schedules.items()}
     self.learning_rates = jax.jit(rates).lower(np.int32(0)).compile()
@@ -90,16 +95,16 @@ class Progress:
     """Every `log_every_steps`, the first and last call (feedback before a slow interval), and
     once `log_every_seconds` passed. Not by time with several processes: each stops on NaN at
     a log step, so those steps must be the same in all of them."""
-    first = self.start_step + self.config.steps_per_call  # the first call's last step
+    first = self.start_step + self.fields.steps_per_call  # the first call's last step
     return (
-      step % self.config.log_every_steps == 0
+      step % self.fields.log_every_steps == 0
       or step in (first, self.num_steps)
-      or (self.single_process and clock.since_interval() >= self.config.log_every_seconds)
+      or (self.single_process and clock.since_interval() >= self.fields.log_every_seconds)
     )
 
   def write(self, step: int, in_flight: list, clock: Clock) -> None:
     fetched = first_replica(in_flight)  # one fetch; blocks until these steps are done
-    if self.config.steps_per_call > 1:  # each call's metrics [steps, ...]: a dict a step
+    if self.fields.steps_per_call > 1:  # each call's metrics [steps, ...]: a dict a step
       fetched = [{n: v[i] for n, v in m.items()} for m in fetched for i in range(len(m["loss"]))]
     training, input_wait = clock.close_interval()
     # Each a number, or one per point (seeds, a sweep): their mean is the record's. Every
@@ -116,7 +121,7 @@ class Progress:
       "step": step,
       **{name: float(np.mean(v)) for name, v in values.items()},
       **{k: float(v) for k, v in rates.items() if not v.ndim},
-      "examples_per_sec": len(fetched) * self.config.batch_size / training,
+      "examples_per_sec": len(fetched) * self.fields.batch_size / training,
       "sec_per_batch": training / len(fetched),
       "input_wait_fraction": input_wait / training,
       "elapsed_sec": clock.since_launch(),  # this launch, wall clock
@@ -129,7 +134,7 @@ class Progress:
     self.log.train(record)
     if not self.is_main:
       return
-    first_call = self.start_step + self.config.steps_per_call  # it holds warm-up
+    first_call = self.start_step + self.fields.steps_per_call  # it holds warm-up
     if step > first_call and not self.warned_long:
       self.warned_long = self._warn_if_long(record, self.num_steps - step)
     if record["input_wait_fraction"] > INPUT_BOUND:

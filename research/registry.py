@@ -13,18 +13,24 @@ from research.errors import UserError
 
 
 class Registry:
-  """{name: a part of one kind}, with what each was registered with."""
+  """{name: a part of one kind}, with what each was registered with and the config fields it
+  declares (research/fields.py)."""
 
-  def __init__(self, kind: str, field: str):
-    self.kind = kind  # "model", "loss", ...: in messages
+  def __init__(self, kind: str, field: str, home: str):
+    self.kind = kind  # "model", "loss", ...: in messages, and its fields (fields.KINDS)
     self.field = field  # the config field that names one: "model.name", "loss", ...
+    self.home = home  # the module whose `register` adds one: "research.losses"
     self.parts: dict[str, Callable] = {}
     self.options: dict[str, dict] = {}
     self.fields: dict[str, dict] = {}  # {name: {config field it declares: its default}}
 
   def register(self, name: str, fields: dict | None = None, **options) -> Callable:
     """A decorator that registers its function under `name` (a user error if taken), with the
-    config `fields` it reads besides its kind's, each with its default."""
+    config `fields` it reads besides its kind's, {field: its default}: a run naming the part
+    adds them to its config (research/configuration.py), where the config file and the command
+    line set them as any other field."""
+    declared = dict(fields or {})
+    self._check_declared(name, declared)
 
     def wrap(part: Callable) -> Callable:
       if name in self.parts and _origin(self.parts[name]) != _origin(part):
@@ -35,10 +41,29 @@ class Registry:
         )
       self.parts[name] = part
       self.options[name] = options
-      self.fields[name] = dict(fields or {})
+      self.fields[name] = declared
       return part
 
     return wrap
+
+  def _check_declared(self, name: str, declared: dict) -> None:
+    """A user error for a declared field the library owns (it has its own default and
+    meaning; a part of this kind reads its kind's fields without declaring them)."""
+    if not declared:
+      return
+    from research import fields  # plain Python: its defaults and kinds
+
+    names = [n for n in declared if not isinstance(n, str) or not n.isidentifier()]
+    owned = fields.KINDS["model"] if self.kind == "model" else fields.library().keys()
+    taken = [n for n in declared if n in owned]
+    if names or taken:
+      bad = (names or taken)[0]
+      why = "is not a field name" if names else "is the library's own field"
+      raise UserError(
+        f"{self.home}.register({name!r}, fields=...): {bad!r} {why}; declare the fields your "
+        f"part adds, each a name with its default (a {self.kind} reads "
+        f"{', '.join(fields.KINDS[self.kind]) or 'no library field'} without declaring them)"
+      )
 
   def names(self) -> list[str]:
     return sorted(self.parts)

@@ -8,15 +8,14 @@ import functools
 from collections.abc import Callable
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from research import data as data_lib
 from research import inputs as inputs_lib
 from research import losses, models, optim, steps, trained, validate
 from research import sweep as sweep_lib
 from research.errors import UserError
+from research.fields import for_module, of_part, reading
 from research.inputs import Inputs
 from research.steps import AXIS, TrainState, create_train_state
 
@@ -55,47 +54,49 @@ class Training:
   warm: dict | None  # what the state took from `init_from` (None: from scratch or resumed)
   steps_per_call: int = 1  # steps one call of the compiled program runs (a lax.scan)
   # {field path: value}: the float fields the compiled step takes as an argument
-  # (optim.hyper_values): a run with other values loads it from the compilation cache
+  # (sweep.hyper_values): a run with other values loads it from the compilation cache
   hyper: dict = dataclasses.field(default_factory=dict)
   model_name: str = ""  # config.model.name: in what the run says of its model
   loss_fields: tuple = ()  # the fields the training loss reads (a sweep's plot says so)
+  notes: tuple = ()  # what the run says of its config before it trains (configuration.unused)
+  batch_size: int = 0  # global
+  per_device_statistics: bool = False  # batch_norm_statistics="per_device": said in its header
 
 
 def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Training:
   """Checks `config`, opens its data and builds the initial state and the step; writes nothing.
   `warm_start`: the state starts from `config.init_from`'s checkpoint (checked before any data
-  is loaded)."""
+  is loaded). Each part and module is handed its fields (research/fields.py), not the config."""
   checked = validate.train_config(config, jax.device_count())  # before any data is loaded
   hyper = sweep_lib.hyper(config)  # the values each point takes, arguments of the step
   if sweep_lib.sweeps_fields(config):  # a sweep's program: every transformation it needs
     config = sweep_lib.structure(config)
-    checked = checked._replace(groups=optim.group_fields(config))  # what groups inherit too
+    checked = checked._replace(groups=optim.group_fields(for_module(config, optim)))
   model = models.create(config.model, batch_norm_axis(config.batch_norm_statistics))
-  known = data_lib.DATASETS.parts.get(config.dataset) is None  # its image size: from the config
-  if known:  # before any image is decoded
-    _check_outputs(config.model, model, checked.augment, (*[trained.stored_size(config)] * 2, 3))
+  stored = trained.stored_shape(for_module(config, trained))  # None: the arrays'
+  if stored:  # before any image is decoded
+    _check_outputs(config.model, model, checked.augment, stored)
   source = trained.check_warm_start(config, checked.augment, model) if warm_start else None
-  seeds = sweep_lib.seeds_of(config)
-  inputs = inputs_lib.for_run(config, checked)
-  if not known:  # a registered dataset's arrays, loaded
+  runs = sweep_lib.runs_of(config)
+  inputs = inputs_lib.for_run(for_module(config, inputs_lib), checked, runs)
+  if not stored:  # a registered dataset's arrays, loaded
     _check_outputs(config.model, model, checked.augment, inputs.example_shape)
   per_epoch = inputs.steps_per_epoch
-  num_steps = config.num_train_steps
-  if num_steps <= 0:
-    num_steps = config.num_epochs * per_epoch
-  tx = optim.create_optimizer(config, per_epoch, num_steps, checked.groups)  # once a run
-  state, warm = _first_state(config, model, inputs, checked.augment, tx, source)
+  num_steps = (
+    config.num_train_steps if config.num_train_steps > 0 else config.num_epochs * per_epoch
+  )
+  tx = optim.create_optimizer(for_module(config, optim), per_epoch, num_steps, checked.groups)
+  seeds = tuple(point.seed for point in runs.points)
+  state, warm = _first_state(
+    seeds, config.ema_decay > 0, model, inputs, checked.augment, tx, source
+  )
   train_step, micro_batch = build_step(config, checked, inputs, state)
   switches = steps.STEPS.options[config.step].get("optimizer_only")  # steps.register
-  frozen = optim.frozen_from(config, checked.groups, num_steps) if switches else {}
+  frozen = optim.frozen_from(config.grad_clip_norm, checked.groups, num_steps) if switches else {}
   later_steps = tuple(  # once a group's learning rate stays 0, a step without its gradient
     (at, build_step(config, checked, inputs, state, names)[0]) for at, names in frozen.items()
   )
-  eval_every = every_steps(config.eval_every_steps, config.eval_every_epochs, per_epoch)
-  checkpoint_every = every_steps(
-    config.checkpoint_every_steps, config.checkpoint_every_epochs, per_epoch
-  )
-  _check_steps_per_call(config, inputs, num_steps, eval_every, checkpoint_every)
+  eval_every, checkpoint_every = _periods(reading(config, PERIODS, __name__), inputs, num_steps)
   return Training(
     inputs=inputs,
     seeds=seeds,
@@ -105,7 +106,7 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
     train_step=train_step,
     later_steps=later_steps,
     augment=checked.augment,
-    schedules=_logged_schedules(config, per_epoch, num_steps, checked.groups),
+    schedules=sweep_lib.logged_schedules(config, per_epoch, num_steps, checked.groups),
     num_steps=num_steps,
     per_device_batch=checked.per_device_batch,
     micro_batch=micro_batch,
@@ -117,40 +118,41 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
     hyper=hyper,
     model_name=config.model.name,
     loss_fields=losses.reads(config.loss),
+    notes=checked.notes,
+    batch_size=config.batch_size,
+    per_device_statistics=config.batch_norm_statistics == "per_device",
   )
 
 
-def _logged_schedules(config, per_epoch: int, num_steps: int, groups: dict) -> dict:
-  """{record field: step -> the learning rate the optimizer applies} (optim.logged_schedules);
-  in a sweep, each point's [points], as its single run logs it."""
-  if not sweep_lib.sweeps_fields(config):
-    return optim.logged_schedules(config, per_epoch, num_steps, groups)
-  each = []
-  for point in sweep_lib.points_of(config):
-    single = sweep_lib.point_config(config, point)
-    each.append(optim.logged_schedules(single, per_epoch, num_steps, optim.group_fields(single)))
-  return {name: lambda step, n=name: jnp.stack([s[n](step) for s in each]) for name in each[0]}
+# What `_periods` reads of the config: when the run logs, evaluates, checkpoints and profiles.
+PERIODS = (
+  "steps_per_call", "log_every_steps", "eval_every_steps", "eval_every_epochs",
+  "checkpoint_every_steps", "checkpoint_every_epochs", "profile_steps",
+)  # fmt: skip
 
 
-def _check_steps_per_call(config, inputs: Inputs, num_steps: int, *periods: int) -> None:
-  """A user error unless `steps_per_call` steps make whole calls of the run: resident data (a
-  call's steps share their batch: the data and the epoch's order), an epoch, the run, and every
-  step something happens after (a log line, an eval, a checkpoint, a profile's ends)."""
-  k = config.steps_per_call
+def _periods(fields, inputs: Inputs, num_steps: int) -> tuple[int, int]:
+  """(steps between evals, steps between checkpoints) of a run (`fields`: PERIODS); a user
+  error unless its `steps_per_call` steps make whole calls of it: resident data (a call's steps
+  share their batch: the data and the epoch's order), an epoch, the run, and every step
+  something happens after (a log line, an eval, a checkpoint, a profile's ends)."""
+  per_epoch, k = inputs.steps_per_epoch, fields.steps_per_call
+  eval_every = every_steps(fields.eval_every_steps, fields.eval_every_epochs, per_epoch)
+  save_every = every_steps(fields.checkpoint_every_steps, fields.checkpoint_every_epochs, per_epoch)
   if k == 1:
-    return
+    return eval_every, save_every
   if inputs.first_images is None:  # streamed: each step its own decoded batch
     raise UserError(
       f"steps_per_call={k} needs data resident on the devices; {inputs.name} streams (use "
       "data_placement='resident', or steps_per_call=1)"
     )
-  window = tuple(config.profile_steps)
+  window = tuple(fields.profile_steps)
   counts = {
-    "an epoch's steps": inputs.steps_per_epoch,
+    "an epoch's steps": per_epoch,
     "the run's steps": num_steps,
-    "log_every_steps": config.log_every_steps,
-    "the steps between evals": periods[0],
-    "the steps between checkpoints": periods[1],
+    "log_every_steps": fields.log_every_steps,
+    "the steps between evals": eval_every,
+    "the steps between checkpoints": save_every,
     **({"profile_steps' first step - 1": window[0] - 1, "its last": window[1]} if window else {}),
   }
   if wrong := [f"{name} ({n})" for name, n in counts.items() if n % k]:
@@ -158,18 +160,19 @@ def _check_steps_per_call(config, inputs: Inputs, num_steps: int, *periods: int)
       f"steps_per_call={k} does not divide {', '.join(wrong)}: each call runs {k} whole steps; "
       "choose a steps_per_call that divides them (or change them)"
     )
+  return eval_every, save_every
 
 
-def _first_state(config, model, inputs: Inputs, augment, tx, source) -> tuple:
+def _first_state(seeds: tuple, ema: bool, model, inputs: Inputs, augment, tx, source) -> tuple:
   """(the run's initial state on the host, what it took from `init_from`'s `source` or None):
-  with several points, each point's state (its seed's) stacked along a leading axis, each
-  taking init_from's weights as its single run would."""
-  init_key = steps.run_keys(config.seed)[0]
+  with several points (`seeds`: each point's), each point's state (its seed's) stacked along a
+  leading axis, each taking init_from's weights as its single run would; `ema`: the state
+  keeps an average of the weights (ema_decay > 0)."""
+  init_key = steps.run_keys(seeds[0])[0]
   model_input = _model_input(augment, inputs.example_shape)
-  seeds = sweep_lib.seeds_of(config)
   several = seeds if len(seeds) > 1 else None
   # tx.init labels the parameters: a parameter group that matches none is an error here
-  state = create_train_state(init_key, config, model, model_input.shape[1:], tx, several)
+  state = create_train_state(init_key, ema, model, model_input.shape[1:], tx, several)
   states = sweep_lib.unstack(state, len(seeds)) if several else [state]
   warmed = [trained.warm_start(s, source) for s in states]
   state = sweep_lib.stack([s for s, _ in warmed]) if several else warmed[0][0]
@@ -178,12 +181,13 @@ def _first_state(config, model, inputs: Inputs, augment, tx, source) -> tuple:
 
 def build_step(config, checked, inputs: Inputs, state, also_frozen=()) -> tuple[Callable, int]:
   """(the run's train step for ONE device, its micro-batch): the registered step config.step
-  names, given the run's pieces (steps.Run), all but (state, batch, horizon, seed, hyper) bound
-  (several points: sweep.each_point, without a seed); traced, a model that names an axis the step
-  lacks is a user error (steps.axis_checked). `also_frozen`: parameter groups it does not
-  differentiate besides those frozen for the whole run (optim.frozen_from)."""
-  seeds = sweep_lib.seeds_of(config)
-  one = sweep_lib.unstack(state, len(seeds))[0] if len(seeds) > 1 else state  # the shapes
+  names, given the run's pieces (steps.Run; the step and the loss each their fields), all but
+  (state, batch, horizon, seed, hyper) bound (several points: sweep.each_point, without a
+  seed); traced, a model that names an axis the step lacks is a user error
+  (steps.axis_checked). `also_frozen`: parameter groups it does not differentiate besides those
+  frozen for the whole run (optim.frozen_from)."""
+  points = sweep_lib.points_of(config)
+  one = sweep_lib.unstack(state, len(points))[0] if len(points) > 1 else state  # the shapes
   micro_batch = steps.micro_batch_size(
     config.micro_batch_size,
     checked.per_device_batch,
@@ -193,18 +197,19 @@ def build_step(config, checked, inputs: Inputs, state, also_frozen=()) -> tuple[
   train_step = functools.partial(
     steps.train_step,
     step=config.step,
-    config=config,
+    fields=of_part(steps.STEPS, config.step, config),
+    loss=losses.LOSSES.get(config.loss),
+    loss_fields=of_part(losses.LOSSES, config.loss, config),
     gather=inputs.gather,
     augment=checked.augment,
-    loss=functools.partial(losses.LOSSES.get(config.loss), config=config),
     num_classes=config.model.num_classes,
     micro_batch=micro_batch,
     loss_scale=config.batch_size if config.loss_reduction == "sum" else 1.0,
-    frozen=optim.frozen_mask(config, one.params, checked.groups, also_frozen),
+    frozen=optim.frozen_mask(config.param_groups, one.params, checked.groups, also_frozen),
     batch_norm_axis=batch_norm_axis(config.batch_norm_statistics),
   )
-  if len(seeds) > 1:
-    points, vectorized = sweep_lib.points_of(config), config.seeds_mode == "vmap"
+  if len(points) > 1:
+    vectorized = config.seeds_mode == "vmap"
     train_step = sweep_lib.each_point(train_step, points, inputs.point_axes, vectorized=vectorized)
   return steps.axis_checked(train_step, config.model.name), micro_batch
 
@@ -246,7 +251,8 @@ def _from_data(model_config, inputs: Inputs, preprocess, seeds: tuple) -> "FromD
       f"model {model_config.name!r} computes parameters from training images, which needs "
       f"data resident on the devices; {inputs.name} streams (use data_placement='resident')"
     )
-  return FromData(model_config, inputs.first_images, preprocess, *functions, seeds)
+  view = models.fields(model_config)  # what the model's module is handed
+  return FromData(view, inputs.first_images, preprocess, *functions, seeds)
 
 
 @dataclasses.dataclass
@@ -259,7 +265,7 @@ class FromData:
   that the call itself is the computation alone. `seeds`: one sample and one init per seed,
   for a state with a leading seed axis (config.seeds > 1)."""
 
-  model_config: ml_collections.ConfigDict
+  model_config: object  # the model's fields (models.fields)
   first_images: Callable[[int], np.ndarray]
   preprocess: Callable
   statistics: Callable

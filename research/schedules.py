@@ -19,7 +19,7 @@ import optax
 
 from research.registry import Registry
 
-SCHEDULES = Registry("schedule", "schedule")
+SCHEDULES = Registry("schedule", "schedule", "research.schedules")
 register = SCHEDULES.register
 
 

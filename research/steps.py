@@ -20,10 +20,9 @@ import optax
 from flax.training import train_state
 from jax import lax
 
-from research import models, optim
+from research import models
 from research import sweep as sweep_lib
 from research.errors import UserError
-from research.metrics import EVAL_METRICS
 from research.placement import AXIS  # the one pmap axis, 'batch'
 from research.registry import Registry
 
@@ -155,7 +154,7 @@ def _dropout(dropout: nn.Dropout, index, next_fun, inputs, deterministic=None, r
 # optimizer_only=True): the step uses the gradient only through `run.update` (the optimizer),
 # so once a group's learning rate stays 0 the run may switch to a step without that group's
 # gradient (optim.frozen_from); a step that reads the gradient itself (SAM's norm) leaves it off.
-STEPS = Registry("train step", "step")
+STEPS = Registry("train step", "step", "research.steps")
 register = STEPS.register
 
 
@@ -187,7 +186,9 @@ class Run:
   augment: Callable  # research/augment.py build: the config's augmentation
   loss: Callable  # (logits, targets, intermediates) -> [batch] per-example losses
   num_classes: int
-  config: Any = None  # the run's config: fields a fork's step reads (config.sam_rho)
+  # The step's fields (research/fields.py): a step's (ema_decay, batch_size, ...) and those it
+  # declared (a fork's, as sam_rho), a swept one traced
+  config: Any = None
   micro_batch: int | None = None  # examples per forward/backward pass (None: all at once)
   # The gradient is that of the mean loss over the global batch times this (the global batch
   # size: the summed loss, `loss_reduction="sum"`); the logged loss is the mean.
@@ -199,7 +200,7 @@ class Run:
   batch_norm_axis: str | None = AXIS
   horizon: Any = None  # int32, given to the optimizer's update; None: the optimizer's own
   seed: Any = None  # None: the keys gather and augment were built with
-  hyper: Any = None  # {field: traced value} (optim.hyper_values) for the optimizer's update
+  hyper: Any = None  # {field: traced value} (sweep.hyper_values) for the optimizer's update
 
   def examples(self, state, batch) -> Batch:
     """This device's examples of the step `state` is at, augmented as the step draws them:
@@ -301,16 +302,34 @@ def standard_step(state, batch, run: Run):
 
 
 def train_step(
-  state, batch, horizon=None, seed=None, hyper=None, *, step: str = "standard", **pieces
+  state,
+  batch,
+  horizon=None,
+  seed=None,
+  hyper=None,
+  *,
+  step: str = "standard",
+  fields=None,
+  loss,
+  loss_fields=None,
+  **pieces,
 ):
-  """The train step registered as `step`, given the run's `pieces` (the fields of `Run`).
-  `hyper` (optim.hyper_values, traced): the values the config's float fields take in this
-  step: the loss, the step and the optimizer read them from there."""
-  if hyper:
-    pieces["config"] = optim.with_values(pieces["config"], hyper)
-    loss = pieces["loss"]  # functools.partial(loss, config=...): the traced values' config
-    pieces["loss"] = functools.partial(loss.func, *loss.args, config=pieces["config"])
-  return STEPS.get(step)(state, batch, Run(**pieces, horizon=horizon, seed=seed, hyper=hyper))
+  """The train step registered as `step`, given its `fields` and the run's `pieces` (the other
+  fields of `Run`); `loss(logits, targets, intermediates, loss_fields)` the registered loss.
+  `hyper` (sweep.hyper_values, traced): the values the config's float fields take in this
+  step: the step, the loss and the optimizer read them from there."""
+  if hyper:  # the views' swept fields, traced
+    fields = fields.with_values(hyper) if fields is not None else None
+    loss_fields = loss_fields.with_values(hyper) if loss_fields is not None else None
+  run = Run(
+    **pieces,
+    loss=lambda logits, targets, intermediates: loss(logits, targets, intermediates, loss_fields),
+    config=fields,
+    horizon=horizon,
+    seed=seed,
+    hyper=hyper,
+  )
+  return STEPS.get(step)(state, batch, run)
 
 
 def _augmented(ex: Examples, augment, targets=None):
@@ -372,8 +391,8 @@ def eval_logits(state, images_u8, sizes=None, *, preprocess, mask=None):
 
 def eval_sums(state, images_u8, labels, mask, sizes=None, *, preprocess, metrics=()):
   """Sums of loss, correct predictions and real examples (mask = 1) over one batch, and of
-  each registered eval metric's values per example (`metrics`: ((name, value shape), ...),
-  research/metrics.py's `shapes`), `metric/NAME`. With views, `correct_first_view` counts the
+  each registered eval metric's values per example (`metrics`: ((name, value shape, metric),
+  ...), research/metrics.py's `shapes`), `metric/NAME`. With views, `correct_first_view` counts the
   first view's correct predictions alone."""
   logits, first_view = eval_logits(state, images_u8, sizes, preprocess=preprocess, mask=mask)
   losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
@@ -384,8 +403,8 @@ def eval_sums(state, images_u8, labels, mask, sizes=None, *, preprocess, metrics
   }
   if preprocess.weights:
     sums["correct_first_view"] = jnp.sum((first_view.argmax(-1) == labels) * mask)
-  for name, _ in metrics:
-    per_example = EVAL_METRICS.get(name)(logits, labels)  # [batch, ...]
+  for name, _, metric in metrics:
+    per_example = metric(logits, labels)  # [batch, ...]
     sums[f"metric/{name}"] = jnp.tensordot(mask, per_example.astype(jnp.float32), 1)
   return sums
 
@@ -394,7 +413,7 @@ def zero_totals(preprocess, metrics=()):
   """Eval totals before the first batch: the structure `eval_sums` returns, all zeros."""
   names = ("loss_sum", "correct", "count") + (("correct_first_view",) if preprocess.weights else ())
   totals = {name: jnp.float32(0) for name in names}
-  return totals | {f"metric/{name}": jnp.zeros(shape, jnp.float32) for name, shape in metrics}
+  return totals | {f"metric/{name}": jnp.zeros(shape, jnp.float32) for name, shape, _ in metrics}
 
 
 def axis_checked(step, name: str):
@@ -417,11 +436,12 @@ def axis_checked(step, name: str):
   return checked
 
 
-def create_train_state(rng, config, model, image_shape, tx, seeds=None) -> TrainState:
+def create_train_state(rng, ema: bool, model, image_shape, tx, seeds=None) -> TrainState:
   """The initial state, on the host: the model's variables and the optimizer's state come out
   of one compiled program (the optimizer's state op by op would compile one program per
-  parameter shape). `seeds`: one state per seed, each from its run's init key as its single
-  run has it (`rng` unused), stacked along a leading axis; the program compiles once."""
+  parameter shape). `ema`: it keeps an average of the weights (ema_decay > 0). `seeds`: one
+  state per seed, each from its run's init key as its single run has it (`rng` unused), stacked
+  along a leading axis; the program compiles once."""
 
   image = jax.ShapeDtypeStruct((1, *image_shape), jnp.float32)
 
@@ -435,8 +455,6 @@ def create_train_state(rng, config, model, image_shape, tx, seeds=None) -> Train
   compiled = jax.jit(init).lower(rng).compile(compiler_options=options)
 
   apply_fn = models.apply_fn(model)  # called with train=, whatever the model names it
-
-  ema = config is not None and config.get("ema_decay", 0) > 0
 
   def state(rng):
     variables, opt_state = compiled(rng)

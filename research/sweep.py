@@ -3,7 +3,7 @@ float fields) times its seeds (`config.seeds`), each trained as its single run w
 
 The one-run step (research/steps.py) reads as if points did not exist; here its state gains a
 leading point axis, and each point's step runs with its seed's keys and its fields' values,
-which the compiled step takes as arguments (optim.hyper_values): another sweep of the same
+which the compiled step takes as arguments (`hyper_values`): another sweep of the same
 fields loads the program from the compilation cache (docs/sweeps.md).
 """
 
@@ -17,6 +17,7 @@ import numpy as np
 
 from research import optim
 from research.errors import UserError
+from research.fields import for_module
 
 EXAMPLE = "--config.sweep='learning_rate=0.01,0.03,0.1;weight_decay=0,5e-4'"
 # Fields whose 0 switches a part off rather than multiplying by 0: a point at 0 would differ
@@ -27,6 +28,46 @@ OFF_AT_ZERO = {
   "ema_decay": "0 turns the average off",
   "learning_rate": "0 means the config's",
 }
+
+
+# Float fields that size or time the run rather than set a step's arithmetic: constants of the
+# program. Every other float field, the config's and each parameter group's (a fork's too),
+# is an argument of the compiled step where it is not 0 (`hyper_values`), so that a run with
+# another learning rate, weight decay, momentum, label smoothing or loss scalar loads the
+# step from the compilation cache; a 0 stays a constant (it may drop a transformation).
+STATIC_FLOATS = {
+  "warmup_epochs", "lr_decay_epochs", "lr_decay_rate", "train_fraction", "eval_every_epochs",
+  "checkpoint_every_epochs", "checkpoint_every_minutes", "log_every_seconds",
+  "replicate_max_gb", "resident_max_gb", "synthetic_noise",
+}  # fmt: skip
+
+
+def hyper_values(config: ml_collections.ConfigDict) -> dict:
+  """{field path: value} of the float fields the compiled step takes as arguments: the
+  config's and its parameter groups' (`param_groups.NAME.FIELD`), non-zero, not STATIC_FLOATS;
+  the learning rates only where every schedule is registered traced=True (optax's schedule
+  constructors check their numbers in Python)."""
+  fields = for_module(config, optim)
+  length_traced = optim.length_traced(fields, optim.group_fields(fields))
+  static = STATIC_FLOATS | (set() if length_traced else {"learning_rate"})
+  taken = lambda name, v: isinstance(v, float) and v != 0 and name not in static
+  values = {name: v for name, v in config.items() if taken(name, v)}
+  for name, group in config.param_groups.items():
+    values |= {f"param_groups.{name}.{k}": v for k, v in group.items() if taken(k, v)}
+  return values
+
+
+def with_values(config: ml_collections.ConfigDict, values: dict) -> ml_collections.ConfigDict:
+  """A copy of `config` whose fields named in `values` (hyper_values' paths) hold those
+  values."""
+  tree = config.to_dict()
+  for path, value in values.items():
+    *parents, name = path.split(".")
+    node = tree
+    for parent in parents:
+      node = node[parent]
+    node[name] = value
+  return ml_collections.ConfigDict(tree)
 
 
 class Point(NamedTuple):
@@ -58,7 +99,7 @@ def check(config: ml_collections.ConfigDict) -> dict:
   """The swept fields (`parse`), each a float field the compiled step takes as an argument; a
   user error naming the field and why it cannot be swept."""
   swept = parse(config.get("sweep", ""))
-  eligible = optim.hyper_values(optim.with_values(config, {p: 1.0 for p in _floats(config)}))
+  eligible = hyper_values(with_values(config, {p: 1.0 for p in _floats(config)}))
   for path, values in swept.items():
     why = _unsweepable(config, path, eligible)
     name = path.rsplit(".", 1)[-1]
@@ -110,7 +151,7 @@ def _unsweepable(config, path: str, eligible: dict) -> str:
     kind = type(node[name]).__name__
     article = "an" if kind[0] in "aeiou" else "a"
     return f"it is {article} {kind} field; only float fields are arguments of the compiled step"
-  if name in optim.STATIC_FLOATS:
+  if name in STATIC_FLOATS:
     return "it sizes or times the run, a constant of the program: launch a run per value"
   if path not in eligible:  # the learning rates, where a schedule takes its numbers in Python
     return "a schedule of this run is built in Python from it (schedules registered traced=False)"
@@ -124,6 +165,19 @@ def points_of(config) -> tuple:
   seeds = range(config.seed, config.seed + config.get("seeds", 1))
   grid = [dict(zip(swept, combo, strict=True)) for combo in itertools.product(*swept.values())]
   return tuple(Point(seed, values) for values in grid for seed in seeds)
+
+
+class Runs(NamedTuple):
+  """The runs a config trains in one program, as its records name them (`runs_of`)."""
+
+  points: tuple  # points_of
+  labels: tuple  # each point's label
+  swept: bool  # a sweep of fields (not seeds alone)
+
+
+def runs_of(config) -> Runs:
+  """`config`'s runs: its points, their labels and whether it sweeps fields."""
+  return Runs(points_of(config), labels(config), sweeps_fields(config))
 
 
 def seeds_of(config) -> tuple:
@@ -169,26 +223,38 @@ def structure(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """`config` with each swept field at its first non-zero value: the program's layout (the
   transformations a 0 would leave out are built, and a point at 0 runs them with 0)."""
   swept = parse(config.get("sweep", ""))
-  return optim.with_values(config, {p: next((v for v in vs if v), 0.0) for p, vs in swept.items()})
+  return with_values(config, {p: next((v for v in vs if v), 0.0) for p, vs in swept.items()})
 
 
 def point_config(config: ml_collections.ConfigDict, point: Point) -> ml_collections.ConfigDict:
   """The config of `point`'s single run."""
-  single = optim.with_values(config, point.values)
+  single = with_values(config, point.values)
   single.update(seed=point.seed, seeds=1, sweep="")
   return single
 
 
 def hyper(config: ml_collections.ConfigDict) -> dict:
-  """The float fields the compiled step takes as arguments (optim.hyper_values of `structure`),
+  """The float fields the compiled step takes as arguments (`hyper_values` of `structure`),
   a swept one as float32 [points] (its value at each point) where there are several."""
   points = points_of(config)
-  values = {path: np.float32(v) for path, v in optim.hyper_values(structure(config)).items()}
+  values = {path: np.float32(v) for path, v in hyper_values(structure(config)).items()}
   for path in parse(config.get("sweep", "")):
     if path in values:
       each = np.asarray([point.values[path] for point in points], np.float32)
       values[path] = each if len(points) > 1 else each[0]
   return values
+
+
+def logged_schedules(config, per_epoch: int, num_steps: int, groups: dict) -> dict:
+  """{record field: step -> the learning rate the optimizer applies} (optim.logged_schedules);
+  in a sweep, each point's [points], as its single run logs it."""
+  if not sweeps_fields(config):
+    return optim.logged_schedules(for_module(config, optim), per_epoch, num_steps, groups)
+  each = []
+  for point in points_of(config):
+    single = for_module(point_config(config, point), optim)
+    each.append(optim.logged_schedules(single, per_epoch, num_steps, optim.group_fields(single)))
+  return {name: lambda step, n=name: jnp.stack([s[n](step) for s in each]) for name in each[0]}
 
 
 def point_part(batch, batch_axes, index: int, axis: int = 0):

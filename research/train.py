@@ -29,9 +29,11 @@ import tqdm
 from jax import lax
 
 from research import checkpoint, steps, trained
+from research import progress as progress_lib
 from research import sweep as sweep_lib
 from research import workdir as workdir_lib
 from research.errors import UserError
+from research.fields import for_module
 from research.inputs import Inputs
 from research.metrics import MetricsLog, check_step_metrics, eval_record
 from research.placement import (
@@ -52,7 +54,7 @@ def _banner(text: str) -> str:
   return f"\n{line}\n{text}\n{line}\n"
 
 
-def _write_metadata(workdir: Path, config, training: Training) -> None:
+def _write_metadata(workdir: Path, dataset_requested: str, training: Training) -> None:
   packages = {  # names normalised as pip writes them in requirements/*.lock
     re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower(): d.version
     for d in importlib.metadata.distributions()
@@ -68,7 +70,7 @@ def _write_metadata(workdir: Path, config, training: Training) -> None:
     "micro_batch": training.micro_batch,  # examples per forward/backward pass
     "device_kind": jax.devices()[0].device_kind,
     "process_count": jax.process_count(),
-    "dataset_requested": config.dataset,
+    "dataset_requested": dataset_requested,
     "dataset_used": training.inputs.name,
     "dataset_source": training.inputs.source,
     "classes": list(training.inputs.classes),  # names in label order (research/trained.py)
@@ -82,7 +84,7 @@ def _write_metadata(workdir: Path, config, training: Training) -> None:
     f.write(json.dumps(meta) + "\n")
 
 
-def _describe(config, training: Training, state, echo) -> None:
+def _describe(training: Training, state, echo) -> None:
   n = len(training.seeds)
   n_params = sum(x.size for x in jax.tree.leaves(state.params)) // n  # a point's
   per_device, micro = training.per_device_batch, training.micro_batch
@@ -92,17 +94,15 @@ def _describe(config, training: Training, state, echo) -> None:
     swept = " × ".join(f"{len(set(v))} {path}" for path, v in training.columns["swept"].items())
     seeds = f" | {n} points in one program: {swept}{f' × seeds {first}-{last}' * (last > first)}"
   echo(
-    f"{config.model.name}: {n_params:,} parameters{' a point' if n > 1 else ''} | "
+    f"{training.model_name}: {n_params:,} parameters{' a point' if n > 1 else ''} | "
     f"{jax.device_count()} "
     f"device{'s' if jax.device_count() > 1 else ''} "
-    f"({jax.devices()[0].device_kind}) | global batch {config.batch_size} = "
+    f"({jax.devices()[0].device_kind}) | global batch {training.batch_size} = "
     f"{per_device} per device{f' in micro-batches of {micro}' if micro < per_device else ''} | "
     f"{training.inputs.steps_per_epoch} steps/epoch, {training.num_steps} "
     f"step{'s' if training.num_steps > 1 else ''}{seeds}"
     f" | data: {training.inputs.name} ({training.inputs.source}), "
-    f"{training.inputs.layout}"
-    + PER_DEVICE_STATISTICS
-    * (config.batch_norm_statistics == "per_device")
+    f"{training.inputs.layout}" + PER_DEVICE_STATISTICS * training.per_device_statistics
   )
 
 
@@ -174,7 +174,8 @@ def train_and_evaluate(
     total=num_steps, unit="step", disable=not (is_main and sys.stdout.isatty()), leave=False
   )
   echo = bar.write if not bar.disable else functools.partial(print, flush=True)
-  checkpoints = checkpoint.Checkpoints(workdir, config, echo, training.checkpoint_every)
+  every = training.checkpoint_every
+  checkpoints = checkpoint.Checkpoints(workdir, for_module(config, checkpoint), echo, every)
   state, extra_times = _initial_state(training, checkpoints, workdir, warm)
   start_step = steps.step_of(state)
   profiler = Profiler(config.profile_steps, workdir, start_step, echo)  # its window is checked here
@@ -183,19 +184,18 @@ def train_and_evaluate(
   first_batch = next(stream)
   # Compiled before anything is written: a step the devices cannot hold, or a model that names
   # an axis the step lacks (steps.axis_checked), is an error line
-  p_train_step = _compiled_step(
-    training, rstate, first_batch, start_step, extra_times, echo, is_main
-  )
+  p_train_step = _compiled_step(training, rstate, first_batch, start_step, extra_times, echo)
   # All checked: from here on we write. This launch trains steps start_step + 1 to num_steps.
   workdir_lib.prepare(workdir, config, data_identity, (start_step, num_steps))
   bar.update(start_step)
   log = MetricsLog(workdir, dataset_used=inputs.name, enabled=is_main, echo=echo)
   if is_main:
-    _announce(workdir, config, training, state, echo, warm)
+    _announce(workdir, config.dataset, training, state, echo, warm)
   _log_preview(log, training, start_step, first_batch)
   wait_for_all(f"compiled-{start_step}")  # the step's first collectives start together
   batches = itertools.chain([first_batch], stream)
-  progress = Progress(config, log, training, start_step, echo, checkpoints)
+  fields = for_module(config, progress_lib)  # what the records read of the config
+  progress = Progress(fields, log, training, start_step, echo, checkpoints)
   # The signal handlers stay until the last checkpoint is on disk: a second Ctrl-C while it is
   # written aborts at once.
   with Preemption(every=config.log_every_steps) as preemption:
@@ -355,13 +355,15 @@ def _initial_state(training: Training, checkpoints, workdir: Path, warm):
   return state, times
 
 
-def _announce(workdir: Path, config, training: Training, state, echo, warm) -> None:
+def _announce(workdir: Path, dataset_requested: str, training: Training, state, echo, warm) -> None:
   """Process 0's records and lines before the first step: metadata, the run, its data, what
   it took from `init_from` (`warm`)."""
   start_step = steps.step_of(state)
   before = workdir_lib.last_recorded(workdir, "device_count") if start_step else None
-  _write_metadata(workdir, config, training)
-  _describe(config, training, state, echo)
+  _write_metadata(workdir, dataset_requested, training)
+  _describe(training, state, echo)
+  for note in training.notes:
+    echo(note)
   if training.inputs.summary:
     echo(training.inputs.summary + _list_left_out(workdir, training.inputs))
   if warm:
@@ -392,9 +394,7 @@ def _count_cache_hit(event: str, **_) -> None:
 jax.monitoring.register_event_listener(_count_cache_hit)
 
 
-def _compiled_step(
-  training: Training, rstate, first_batch, start_step: int, times: dict, echo, is_main: bool
-):
+def _compiled_step(training: Training, rstate, first_batch, start_step: int, times: dict, echo):
   """The step that is run: steps.train_step for ONE device (setup binds its data gathering,
   augmentation, loss and micro-batch), on every device in parallel, compiled ahead; the
   evals too. Their compile times go into `times`; `step_from_cache`: the step was loaded from
@@ -424,7 +424,7 @@ def _compiled_step(
     if inputs.compile_evals:
       inputs.evaluate(rstate, True)
     said += f"; ran each once to warm up in {time.perf_counter() - start:.1f} s"
-  if is_main:
+  if jax.process_index() == 0:
     echo(said)
     if fit:
       echo(fit)

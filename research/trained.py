@@ -44,6 +44,7 @@ from flax import traverse_util
 
 from research import augment as augment_lib
 from research import checkpoint, configuration, environment, models, steps, validate
+from research import fields as fields_lib
 from research import inputs as inputs_lib
 from research import sweep as sweep_lib
 from research import workdir as workdir_lib
@@ -132,11 +133,27 @@ class Trained:
     return jax.vmap(one)(variables).mean(0) if self.seeds else one(variables)
 
 
-def stored_size(config) -> int:
-  """The side of the square uint8 examples a run of `config` stores: what its augmentation
-  and eval preprocessing start from."""
-  sizes = {"cifar10": 32, "synthetic": config.synthetic_image_size}
-  return sizes.get(config.dataset, config.host_image_size)
+# What this module reads of a config it is handed (the run's set-up hands it a view of these,
+# research/fields.py): the stored examples' size and where a fine-tune starts.
+READS = (
+  "dataset", "synthetic_image_size", "host_image_size", "init_from", "init_from_step",
+  "init_from_seed", "init_from_point",
+)  # fmt: skip
+
+
+def stored_size(fields) -> int:
+  """The side of the square uint8 examples a run stores (`fields`: READS): what its
+  augmentation and eval preprocessing start from."""
+  sizes = {"cifar10": 32, "synthetic": fields.synthetic_image_size}
+  return sizes.get(fields.dataset, fields.host_image_size)
+
+
+def stored_shape(fields) -> tuple | None:
+  """(H, W, C) of the uint8 examples a run stores, known before any image is read; None for a
+  registered dataset (its arrays say, once loaded)."""
+  if fields.dataset in DATASETS.parts:
+    return None
+  return (stored_size(fields), stored_size(fields), 3)
 
 
 def run_config(workdir: Path) -> ml_collections.ConfigDict:
@@ -146,9 +163,7 @@ def run_config(workdir: Path) -> ml_collections.ConfigDict:
     raise UserError(f"{workdir} holds no config.json: it is not a run's workdir")
   config = ml_collections.ConfigDict(saved)
   if config.get("experiment") == "train":  # fields added since the run take their defaults
-    from configs.common import training_defaults
-
-    defaults = training_defaults()
+    defaults = fields_lib.library()
     defaults.update(config)
     config = defaults
   configuration.absolute_paths(config, environment.ROOT)  # runs that recorded them relative
@@ -157,13 +172,14 @@ def run_config(workdir: Path) -> ml_collections.ConfigDict:
       f"{workdir} holds a {config.get('experiment')!r} experiment, not a training run"
     )
   configuration.import_modules(config)  # the fork's parts the run was trained with
+  configuration.complete(config)  # fields its parts declared since, at their defaults
   return config
 
 
-def run_classes(workdir: Path, config) -> tuple[str, ...]:
+def run_classes(workdir: Path, num_classes: int) -> tuple[str, ...]:
   """The class names the run's last launch recorded (numbers for runs before they were)."""
   classes = workdir_lib.last_recorded(workdir, "classes")
-  return tuple(classes or (str(label) for label in range(config.model.num_classes)))
+  return tuple(classes or (str(label) for label in range(num_classes)))
 
 
 def load(
@@ -177,14 +193,16 @@ def load(
   config = run_config(workdir)
   step, state = checkpoint.read(workdir, step)
   variables = {"params": used_params(state), "batch_stats": state.get("batch_stats", {})}
-  seeds = run_seeds(config)
-  index = chosen_point(workdir, config, seed, point, str(workdir))
+  runs = sweep_lib.runs_of(config)
+  seeds = run_seeds(runs.points)
+  index = chosen_point(workdir, runs, seed, point, str(workdir))
   if index is not None:  # one point's weights, and its single run's config
     variables, seeds = one_point(variables, index), ()
-    config = sweep_lib.point_config(config, sweep_lib.points_of(config)[index])
+    config = sweep_lib.point_config(config, runs.points[index])
   model = models.create(config.model, None)
   shape = tuple(workdir_lib.last_recorded(workdir, "example_shape") or ())  # runs before: RGB
-  return Trained(config, run_classes(workdir, config), variables, model, step, seeds, shape)
+  classes = run_classes(workdir, config.model.num_classes)
+  return Trained(config, classes, variables, model, step, seeds, shape)
 
 
 def used_params(state: dict):
@@ -194,10 +212,9 @@ def used_params(state: dict):
   return state["params"] if ema is None else ema
 
 
-def run_seeds(config) -> tuple:
-  """The seeds a run of `config` trained in one program; () for one seed."""
-  seeds = sweep_lib.seeds_of(config)
-  return seeds if len(seeds) > 1 else ()
+def run_seeds(points) -> tuple:
+  """The seeds a run of `points` (sweep.points_of) trained in one program; () for one run."""
+  return tuple(p.seed for p in points) if len(points) > 1 else ()
 
 
 def one_point(tree, index: int):
@@ -206,20 +223,21 @@ def one_point(tree, index: int):
   return jax.tree.map(lambda x: x[index], tree)
 
 
-def chosen_point(workdir: Path, config, seed=None, point=None, what: str = "") -> int | None:
-  """The index of the point a run of `config` is used at: the one `point` (its label as the
-  run printed it, `learning_rate=0.03,seed=1`; a part of it that one point matches; or its
-  index) and `seed` name; where neither does, a sweep's best (its last eval's `best_point`),
-  and for a run of seeds None (all: their ensemble). None for one run. A user error naming
-  `what` for a point or seed the run did not train, or a choice that fits several."""
-  points, labels = sweep_lib.points_of(config), sweep_lib.labels(config)
+def chosen_point(workdir: Path, runs, seed=None, point=None, what: str = "") -> int | None:
+  """The index of the point a run of `runs` (sweep.runs_of) is used at: the one `point` (its
+  label as the run printed it, `learning_rate=0.03,seed=1`; a part of it that one point
+  matches; or its index) and `seed` name; where neither does, a sweep's best (its last eval's
+  `best_point`), and for a run of seeds None (all: their ensemble). None for one run. A user
+  error naming `what` for a point or seed the run did not train, or a choice that fits
+  several."""
+  points, labels = runs.points, runs.labels
   several = len(points) > 1
   if point is not None and point.isdigit():
     if int(point) >= len(points):
       raise UserError(f"{what} point={point}: the run trained points 0-{len(points) - 1}")
     return int(point) if several else None
   if seed is None and point is None:
-    return _best_point(workdir, labels) if several and sweep_lib.sweeps_fields(config) else None
+    return _best_point(workdir, labels) if several and runs.swept else None
   chosen = range(len(points))
   if seed is not None:
     chosen = [i for i in chosen if points[i].seed == seed]
@@ -276,7 +294,8 @@ def evaluate(workdir, step: int | None = None, overrides=(), point: str | None =
       )
     configuration.override(config, field, value)
   checked = validate.train_config(config, jax.device_count())
-  index = chosen_point(workdir, config, None, point, str(workdir)) if point is not None else None
+  runs = sweep_lib.runs_of(config)
+  index = chosen_point(workdir, runs, None, point, str(workdir)) if point is not None else None
   step, state = checkpoint.read(workdir, step)  # before any data is loaded
   recorded = workdir_lib.last_recorded(workdir, "classes")  # runs before it: not recorded
   train = Path(config.data_dir) / "train"
@@ -285,16 +304,17 @@ def evaluate(workdir, step: int | None = None, overrides=(), point: str | None =
   variables = {"params": used_params(state), "batch_stats": state.get("batch_stats", {})}
   one = config  # one point's eval: its single run's (no point axis, no columns)
   if index is not None:
-    one = sweep_lib.point_config(config, sweep_lib.points_of(config)[index])
+    one = sweep_lib.point_config(config, runs.points[index])
     variables = one_point(variables, index)
-  inputs = inputs_lib.for_run(one, checked)  # other datasets' classes follow from config
+  fields = fields_lib.for_module(one, inputs_lib)  # other datasets' classes: from its config
+  inputs = inputs_lib.for_run(fields, checked, sweep_lib.runs_of(one))
   model = models.create(config.model, AXIS)
   columns = sweep_lib.columns(one)
   weights = Weights(variables["params"], variables["batch_stats"], models.apply_fn(model))
   start = time.perf_counter()
   record = eval_record(step, inputs.evaluate(replicate(weights), True), columns)
   if index is not None:
-    record["point"] = sweep_lib.labels(config)[index]
+    record["point"] = runs.labels[index]
   record["eval_weights"] = "ema" if state.get("ema_params") is not None else "params"
   record.update(eval_sec=time.perf_counter() - start, time=time.time())
   record["overrides"] = dict(overrides)
@@ -403,16 +423,17 @@ def _write(rows: list[dict], top_k: int, output) -> None:
     print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
 
 
-def warm_start_source(config) -> tuple[Path, int | None]:
-  """(workdir, step or None for the newest) that `config.init_from` names; a user error
-  unless it is a run's workdir with checkpoints, or one of its checkpoints."""
-  source = Path(config.init_from).expanduser()
-  step = config.init_from_step or None
+def warm_start_source(init_from: str, init_from_step: int) -> tuple[Path, int | None]:
+  """(workdir, step or None for the newest) that `init_from` names (and `init_from_step`, 0:
+  the newest); a user error unless it is a run's workdir with checkpoints, or one of its
+  checkpoints."""
+  source = Path(init_from).expanduser()
+  step = init_from_step or None
   if source.parent.name == "checkpoints" and source.name.isdecimal():
     source, step = source.parent.parent, int(source.name)
   if not (source / "checkpoints").is_dir():
     raise UserError(
-      f"init_from={config.init_from!r} is neither a run's workdir nor one of its checkpoints "
+      f"init_from={init_from!r} is neither a run's workdir nor one of its checkpoints "
       "(WORKDIR/checkpoints/STEP); name the workdir of a finished run"
     )
   checkpoint.steps_in(source, step)  # a user error if it holds none, or not that step
@@ -429,17 +450,18 @@ class Source(NamedTuple):
   point: str = ""  # of a run of several points, the one taken (its label)
 
 
-def check_warm_start(config, augment, model) -> Source:
-  """The checkpoint `config.init_from` names, read before any data is loaded; a user error
-  unless it shares a parameter (path and shape) with `model`, fed by `augment` (the run's)."""
-  workdir, step = warm_start_source(config)
+def check_warm_start(fields, augment, model) -> Source:
+  """The checkpoint `fields.init_from` names (`fields`: READS), read before any data is
+  loaded; a user error unless it shares a parameter (path and shape) with `model`, fed by
+  `augment` (the run's)."""
+  workdir, step = warm_start_source(fields.init_from, fields.init_from_step)
   step, saved = checkpoint.read(workdir, step)
-  saved, point = _source_seed(config, workdir, saved)
+  saved, point = _source_seed(fields, workdir, saved)
   saved = {**saved, "params": used_params(saved)}  # the EMA's weights, where the run kept one
-  size = stored_size(config)  # the model's input is made from stored examples of this side
+  size = stored_size(fields)  # the model's input is made from stored examples of this side
   shape = (size, size, 3)
   recorded = workdir_lib.last_recorded(workdir, "example_shape")
-  if recorded and config.dataset in DATASETS.parts:  # arrays not loaded yet: the source's shape
+  if recorded and stored_shape(fields) is None:  # arrays not loaded yet: the source's shape
     shape = tuple(recorded)
   example = jax.ShapeDtypeStruct((1, *shape), jnp.uint8)
   images = jax.eval_shape(augment, jax.random.key(0), example)
@@ -448,27 +470,27 @@ def check_warm_start(config, augment, model) -> Source:
   mine = traverse_util.flatten_dict(flax.core.unfreeze(shapes["params"]), sep="/")
   theirs = traverse_util.flatten_dict(saved["params"], sep="/")
   if not any(p in theirs and np.shape(theirs[p]) == leaf.shape for p, leaf in mine.items()):
-    raise _fits_nothing(config.init_from)
-  return Source(config.init_from, workdir, step, saved, point)
+    raise _fits_nothing(fields.init_from)
+  return Source(fields.init_from, workdir, step, saved, point)
 
 
-def _source_seed(config, workdir: Path, saved: dict) -> tuple[dict, str]:
-  """(the weights of `init_from`'s run, the label of the point they are "" for one run): where
-  it trained several points, of the one `init_from_point` and `init_from_seed` name
-  (`chosen_point`); by default a sweep's best, and a user error for a run of seeds."""
-  source = run_config(workdir)
-  seeds = run_seeds(source)
+def _source_seed(fields, workdir: Path, saved: dict) -> tuple[dict, str]:
+  """(the weights of `init_from`'s run, the label of the point they are; "" for one run):
+  where it trained several points, of the one `fields.init_from_point` and `init_from_seed`
+  name (`chosen_point`); by default a sweep's best, and a user error for a run of seeds."""
+  runs = sweep_lib.runs_of(run_config(workdir))
+  seeds = run_seeds(runs.points)
   if not seeds:
     return saved, ""
-  seed = config.init_from_seed if config.init_from_seed >= 0 else None
-  point = config.init_from_point or None
-  if seed is None and point is None and not sweep_lib.sweeps_fields(source):
+  seed = fields.init_from_seed if fields.init_from_seed >= 0 else None
+  point = fields.init_from_point or None
+  if seed is None and point is None and not runs.swept:
     raise UserError(
-      f"init_from={config.init_from!r} trained seeds {seeds[0]}-{seeds[-1]}; choose the one to "
+      f"init_from={fields.init_from!r} trained seeds {seeds[0]}-{seeds[-1]}; choose the one to "
       "start from with --config.init_from_seed=N"
     )
-  index = chosen_point(workdir, source, seed, point, f"init_from={config.init_from!r}")
-  return one_point(saved, index), sweep_lib.labels(source)[index]
+  index = chosen_point(workdir, runs, seed, point, f"init_from={fields.init_from!r}")
+  return one_point(saved, index), runs.labels[index]
 
 
 def _fits_nothing(name: str) -> UserError:

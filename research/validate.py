@@ -28,6 +28,7 @@ from research import (
 )
 from research.data import PLACEMENTS, check_num_classes
 from research.errors import UserError
+from research.fields import for_module
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -138,7 +139,7 @@ GROUP_RANGES = (
 def _param_groups(config) -> dict:
   """Each parameter group's fields (research/optim.py); whether each matches a parameter is
   checked when the optimizer first sees the parameters (optim.labels, in run.setup)."""
-  groups = optim.group_fields(config)
+  groups = optim.group_fields(for_module(config, optim))
   for name, fields in groups.items():
     try:
       re.compile(fields.match)
@@ -146,8 +147,11 @@ def _param_groups(config) -> dict:
       raise UserError(f"param_groups.{name}.match={fields.match!r} is not a regex: {e}") from None
     field = f"param_groups.{name}.optimizer"
     optim.OPTIMIZERS.get(fields.optimizer, config.modules, field)
-    _in_ranges(fields, GROUP_RANGES, prefix=f"param_groups.{name}.")
-    _choice(f"param_groups.{name}.muon_dtype", fields.muon_dtype, ("model", *DTYPES))
+    ranges = [r for r in GROUP_RANGES if r[0] in fields]  # ns_steps: Muon's
+    _in_ranges(fields, ranges, prefix=f"param_groups.{name}.")
+    if "muon_dtype" in fields:
+      _choice(f"param_groups.{name}.muon_dtype", fields.muon_dtype, ("model", *DTYPES))
+      optim.check_muon_fields(name, fields)
     schedules.SCHEDULES.get(fields.schedule, config.modules, f"param_groups.{name}.schedule")
   return groups
 
@@ -161,26 +165,31 @@ class Checked(NamedTuple):
   augment: Callable  # research/augment.py build: (rng, images_u8, ...) -> float32 images
   eval_preprocess: Callable
   groups: dict  # optim.group_fields: {group name: its fields}
-  metrics: tuple = ()  # research/metrics.py shapes: ((eval metric, its value's shape), ...)
+  metrics: tuple = ()  # research/metrics.py shapes: ((eval metric, its value's shape, it), ...)
+  notes: tuple = ()  # what the run says of its config first (configuration.unused)
 
 
 def train_config(config: ml_collections.ConfigDict, n_devices: int) -> Checked:
-  """Checks every field of a training config (after importing its `modules`)."""
+  """Checks every field of a training config (after importing its `modules`, whose parts'
+  declared fields it adds: configuration.complete), each field's owner first."""
   configuration.import_modules(config)
+  configuration.complete(config)
+  configuration.check_owned(config)
   _data(config)
   _numbers(config)
   _parts(config)
   augment, eval_preprocess = _pipelines(config)
   groups = _param_groups(config)
   _sweep(config)
-  eval_metrics = metrics.shapes(config.eval_metrics, config.model.num_classes)
+  eval_metrics = metrics.shapes(config.eval_metrics, config.model.num_classes, config)
   per_device_batch = _per_device_batch(config, n_devices, augment)
-  return Checked(per_device_batch, augment, eval_preprocess, groups, eval_metrics)
+  notes = tuple(configuration.unused(config))
+  return Checked(per_device_batch, augment, eval_preprocess, groups, eval_metrics, notes)
 
 
 def _data(config) -> None:
   """The dataset and its placement, and the model's classes where the dataset's are known."""
-  data.check_name(config)
+  data.check_name(config.dataset, config.modules)
   _choice("data_placement", config.data_placement, PLACEMENTS)
   if classes := data.known_classes(config.dataset):
     check_num_classes(config.dataset, classes, config.model.num_classes)

@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import pytest
 
-from research import augment, configuration, train
+from research import augment, configuration, sweep, train
 from research import inputs as inputs_lib
 from research.data import ImageDataset
 from research.errors import UserError
@@ -82,7 +82,8 @@ def _preview_of_identical_shards(seed):
   data = ImageDataset("same", "test", images, labels, images, labels, num_classes=10)
   keys = jax.random.split(jax.random.key(seed), 2)
   preprocess, pipeline = augment.build(config.eval_preprocess), augment.build(config.augment)
-  inputs = inputs_lib.resident(config, data, 8, preprocess, keys[0], keys[1])
+  runs = sweep.runs_of(config)
+  inputs = inputs_lib.resident(config, runs, data, 8, preprocess, keys[0], keys[1])
   preview = lambda step: train.augmented_preview(
     inputs.gather, pipeline, step, next(inputs.batches(step))
   )

@@ -27,7 +27,7 @@ CONFIGS = {
 ONE_DEVICE = (
   "from research import models\n"
   "from research.models import vgg\n"
-  "models.register('vgg_one_device')(\n"
+  "models.register('vgg_one_device', fields={'depth': 16, 'width': 1.0})(\n"
   "  lambda model_config, axis_name: vgg.create(model_config, axis_name=None)\n"
   ")\n"
 )

@@ -16,7 +16,7 @@ import optax
 import pytest
 from PIL import Image
 
-from research import augment, configuration, losses, models, steps
+from research import augment, configuration, fields, losses, metrics, models, steps, trained
 from research.errors import UserError
 from research.placement import first_replica, replicate
 from research.run import setup
@@ -64,6 +64,7 @@ def test_the_fork_package_copied_verbatim_trains_evaluates_predicts_and_loads(tm
   assert len(losses) >= 3 and losses[-1] < losses[0]  # the focal loss falls under Lion
   assert final["eval_examples"] == 256 and final["eval_accuracy"] > 0.6  # 2 classes
   assert final["eval_loss_kind"] == "cross_entropy" and final["eval_top5"] == 1.0  # 2 classes
+  assert 0.5 < final["eval_balanced_accuracy"] <= 1  # its classes' mean: neither class left out
   assert final["eval_weights"] == "ema"  # the smoke run's ema_decay
   assert json.loads((workdir / "config.json").read_text())["modules"] == ["myexp"]
 
@@ -72,6 +73,7 @@ def test_the_fork_package_copied_verbatim_trains_evaluates_predicts_and_loads(tm
   assert evaluated.returncode == 0, evaluated.stderr[-2000:]
   assert f"accuracy = {final['eval_accuracy']:.4f}" in evaluated.stdout
   assert "top5 = 1.0000" in evaluated.stdout
+  assert f"balanced_accuracy = {final['eval_balanced_accuracy']:.4f}" in evaluated.stdout
   Image.new("RGB", (32, 32), (90, 90, 90)).save(tmp_path / "grey.png")
   predicted = _run(scratch, "research.trained", "predict", str(workdir), str(tmp_path / "grey.png"))
   assert predicted.returncode == 0 and "grey.png" in predicted.stdout, predicted.stderr[-2000:]
@@ -103,6 +105,23 @@ def test_the_fork_package_copied_verbatim_trains_evaluates_predicts_and_loads(tm
   assert built.stdout.split() == ["vgg", "11", "synthetic", "lion", "('myexp',)", "cnn", "spots"]
 
 
+def test_the_guide_s_balanced_accuracy_is_the_mean_of_each_class_s_accuracy(guide_module):
+  """Summed over the split by the eval (each example once, padding masked), finished once."""
+  guide_module("myexp/parts.py")
+  rng = np.random.default_rng(0)
+  logits, labels = rng.normal(size=(50, 4)).astype(np.float32), rng.integers(0, 3, 50)  # no 3
+  mask = (np.arange(50) < 45).astype(np.float32)  # the last 5: an eval batch's padding
+  named = metrics.shapes(("balanced_accuracy",), 4)
+  preprocess = augment.build("")
+  state = trained.Weights({}, {}, lambda variables, x, train: logits)  # the logits above
+  images = np.zeros((50, 1, 1, 3), np.uint8)
+  totals = steps.eval_sums(state, images, labels, mask, preprocess=preprocess, metrics=named)
+  value = metrics.eval_record(1, totals)["eval_balanced_accuracy"]
+  right, real = logits.argmax(-1) == labels, mask > 0
+  expected = np.mean([right[real & (labels == k)].mean() for k in range(3)])
+  assert value == pytest.approx(expected, rel=1e-12)
+
+
 class _Linear(nn.Module):
   @nn.compact
   def __call__(self, x, train: bool):
@@ -123,10 +142,11 @@ def test_the_guide_s_sam_step_applies_the_gradient_at_the_perturbed_weights(guid
   step = functools.partial(
     steps.train_step,
     step="sam",
-    config=config,
+    fields=fields.of_part(steps.STEPS, "sam", config),
     gather=lambda step, batch: steps.Examples(*batch),
     augment=augment.build(""),
-    loss=functools.partial(losses.cross_entropy, config=config),
+    loss=losses.cross_entropy,
+    loss_fields=fields.of_part(losses.LOSSES, "cross_entropy", config),
     num_classes=10,
   )
   devices = jax.local_devices()[:2]

@@ -16,7 +16,6 @@ from PIL import Image
 
 from research import configuration, data, metrics, models, trained, validate
 from research.errors import UserError
-from research.models import vgg
 from research.run import setup
 from research.train import train_and_evaluate
 
@@ -77,14 +76,12 @@ def parts():
       lambda c: data.ImageDataset(**{**vars(_corner(c)), "classes": ("red", "green")})
     )
     models.register("own_norm")(lambda model_config, axis_name: OwnNormNet())
-    models.register("two_outputs")(lambda model_config, axis_name: TwoOutputs(model_config.returns))
+    models.register("two_outputs", fields={"returns": "tuple"})(
+      lambda model_config, axis_name: TwoOutputs(model_config.returns)
+    )
     metrics.register("mean_only")(lambda logits, labels: (logits.argmax(-1) == labels).mean())
     metrics.register("per_class_only")(
       lambda logits, labels: jax.nn.one_hot(labels, logits.shape[-1]).sum(0)
-    )
-    # The guide's single-device copy of a model: BatchNorm that names no axis
-    models.register("vgg_one_device")(
-      lambda model_config, axis_name: vgg.create(model_config, None)
     )
     yield
 

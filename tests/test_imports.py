@@ -111,3 +111,59 @@ def test_every_function_of_the_library_is_at_most_60_lines():
       if lines > LONGEST_FUNCTION and not model_call:
         too_long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {lines} lines")
   assert not too_long, too_long
+
+
+# Where the whole config may travel: the modules whose job is the config itself, and the run's
+# set-up with the loop that calls it; the conv2d experiment's config is all its own fields. Every
+# other function of the library takes the fields it reads (a view, research/fields.py) or what
+# was built from them.
+CONFIG_MODULES = ("main", "configuration", "validate", "sweep", "workdir")
+WHOLE_CONFIG = {
+  "research/run.py: setup",
+  "research/run.py: build_step",  # setup's, for each program the run switches to
+  "research/train.py: train_and_evaluate",
+  "research/experiments/conv2d_scaling.py: check_config",
+  "research/experiments/conv2d_scaling.py: measure",
+  "research/experiments/conv2d_scaling.py: describe",
+  "research/experiments/conv2d_scaling.py: run",
+}
+
+
+def test_below_the_run_s_set_up_no_function_takes_the_whole_config():
+  """A parameter named `config` is the whole config; the parts and the library's modules below
+  the set-up are handed views (`fields`). At most 8, held here by name."""
+  taking = set()
+  for path in sorted((ROOT / "research").rglob("*.py")):
+    if path.parent.name == "research" and path.stem in CONFIG_MODULES:
+      continue
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        arguments = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+        if "config" in [a.arg for a in arguments]:
+          taking.add(f"{path.relative_to(ROOT)}: {node.name}")
+  assert taking == WHOLE_CONFIG and len(taking) <= 8, sorted(taking ^ WHOLE_CONFIG)
+
+
+def test_the_library_imports_nothing_of_the_configs():
+  """The library's fields are declared in research/fields.py; configs/ imports them."""
+  wrong = {
+    f"{module} imports {target}"
+    for module, targets in _imports_of(("research",), ("configs",)).items()
+    for target in targets
+  }
+  assert not wrong, sorted(wrong)
+
+
+def _imports_of(layers, targets) -> dict[str, set[str]]:
+  """{module of `layers`: the modules of packages `targets` it imports, anywhere in it}."""
+  found = {}
+  for layer in layers:
+    for path in (ROOT / layer).rglob("*.py"):
+      names = set()
+      for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+          names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+          names.add(node.module)
+      found[_module_name(path)] = {n for n in names if n.split(".")[0] in targets}
+  return found

@@ -97,7 +97,7 @@ def _params(workdir, config, step: int):
   """The parameters of the workdir's latest checkpoint, which is of `step`."""
   model = models.create(config.model, AXIS)
   tx = optim.create_optimizer(config, 16, config.num_train_steps)
-  template = create_train_state(jax.random.key(0), config, model, (32, 32, 3), tx)
+  template = create_train_state(jax.random.key(0), False, model, (32, 32, 3), tx)
   ckpts = checkpoint.Checkpoints(workdir, config)
   state = ckpts.restore_latest(template)
   ckpts.close()

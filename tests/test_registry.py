@@ -62,7 +62,7 @@ def test_an_augmentation_op_registered_twice_is_an_error():
 
 
 def test_a_module_imported_again_registers_the_same_part_again():
-  registry = Registry("thing", "thing")
+  registry = Registry("thing", "thing", "research.things")
 
   def part():
     return 1

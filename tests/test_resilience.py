@@ -323,7 +323,7 @@ def _template_state(config):
 
   model = models.create(config.model, AXIS)
   tx = optim.create_optimizer(config, 16, 8)
-  return create_train_state(jax.random.key(0), config, model, (32, 32, 3), tx)
+  return create_train_state(jax.random.key(0), config.ema_decay > 0, model, (32, 32, 3), tx)
 
 
 def test_divergence_stops_with_a_clear_error_and_keeps_good_checkpoints(tmp_path, nan_after_step):

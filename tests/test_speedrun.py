@@ -267,7 +267,7 @@ def test_muon_can_renormalise_each_kernel_before_its_update():
 def test_a_parameter_group_that_matches_nothing_is_an_error(training):
   config = _groups_config(typo=dict(match="^haed/", optimizer="frozen"))
   with pytest.raises(UserError, match=r"param_groups.typo.match='\^haed/' matches no parameter"):
-    optim.labels(config, training.state.params)
+    optim.labels(config.param_groups, training.state.params)
 
 
 def _with_optimizer(state, config, learning_rate):

@@ -408,6 +408,7 @@ def test_a_point_that_diverges_stops_alone(tmp_path, nan_after_step, capsys):
     ("learning_rate=0.1,0.1", r"names 'learning_rate' or one of its values twice"),
     ("lerning_rate=0.1,0.2", r"lerning_rate cannot be swept: the config has no such field"),
     ("batch_size=32,64", r"batch_size cannot be swept: it is an int field; only float"),
+    ("optimizer=1,2", r"optimizer cannot be swept: it is a string field, and strings cannot be"),
     ("warmup_epochs=0,1", r"warmup_epochs cannot be swept: it sizes or times the run"),
     ("seed=1,2", r"seed cannot be swept: seeds are the sweep's other axis: use --config.seeds"),
     ("grad_clip_norm=0,1", r"grad_clip_norm cannot be swept: 0 turns clipping off"),
@@ -476,7 +477,8 @@ def test_each_point_steps_with_its_seed_and_its_values(vectorized):
 
 def test_a_point_is_chosen_by_its_label_its_index_or_its_seed():
   config = _config("cifar_vgg", sweep="learning_rate=0.1,0.2", seeds=2)  # seeds 1, 2
-  choose = lambda **named: trained.chosen_point(None, config, what="run", **named)
+  runs = sweep.runs_of(config)
+  choose = lambda **named: trained.chosen_point(None, runs, what="run", **named)
   assert choose(point="learning_rate=0.2,seed=2") == 3
   assert choose(point="learning_rate=0.2", seed=1) == 2
   assert choose(point="1") == 1
@@ -488,6 +490,7 @@ def test_a_point_is_chosen_by_its_label_its_index_or_its_seed():
   with pytest.raises(UserError, match=r"run seed=5: the run trained seeds 1, 2; choose one"):
     choose(seed=5)
   config.update(seeds=1)  # labels without the seed: the seed still chooses
+  runs = sweep.runs_of(config)
   assert choose(point="learning_rate=0.1", seed=1) == 0
 
 

@@ -15,7 +15,7 @@ import optax
 import pytest
 from jax import lax
 
-from research import augment, configuration, cpu_forms, inputs, losses, models, steps, train
+from research import augment, configuration, cpu_forms, inputs, losses, models, steps, sweep, train
 from research.data import ImageDataset
 from research.errors import UserError
 from research.placement import first_replica, replicate
@@ -41,7 +41,7 @@ def _loss(label_smoothing=0.0, aux_loss_weight=0.0, name="cross_entropy"):
   config = ml_collections.ConfigDict(
     dict(label_smoothing=label_smoothing, aux_loss_weight=aux_loss_weight)
   )
-  return functools.partial(losses.LOSSES.get(name), config=config)
+  return functools.partial(losses.LOSSES.get(name), fields=config)
 
 
 def _one_step(state, images_u8, labels, n_devices, loss=None, augmentation="crop(4)|flip_lr"):
@@ -52,7 +52,9 @@ def _one_step(state, images_u8, labels, n_devices, loss=None, augmentation="crop
       train_step,
       gather=_as_given,
       augment=augment.build(augmentation),  # random: each example's draws by its position
-      loss=loss or _loss(),
+      loss=lambda logits, targets, intermediates, fields: (loss or _loss())(
+        logits, targets, intermediates
+      ),
       num_classes=10,
     ),
     axis_name=AXIS,
@@ -136,7 +138,9 @@ def _resident_takes(replicate_max_gb: float):
   config = configuration.load("configs/cifar_keras_cnn.py:smoke")
   config.update(batch_size=16, eval_batch_size=8, replicate_max_gb=replicate_max_gb)
   shuffle_key, step_key = jax.random.split(jax.random.key(0))
-  resident = inputs.resident(config, data, 2, augment.build("standardize"), shuffle_key, step_key)
+  runs = sweep.runs_of(config)
+  pipeline = augment.build("standardize")
+  resident = inputs.resident(config, runs, data, 2, pipeline, shuffle_key, step_key)
   gather = jax.pmap(resident.gather, axis_name=AXIS)
   taken = lambda step, batch: np.asarray(gather(replicate(np.int32(step)), batch)[1])
   stream = resident.batches(0)
@@ -400,7 +404,7 @@ def _reads_a_float_in_python(logits, targets, intermediates, config):
 def test_a_part_that_reads_a_float_field_in_python_trains_with_the_fields_as_constants(
   tmp_path, capsys
 ):
-  """The float fields are arguments of the compiled step (optim.hyper_values); a fork's part
+  """The float fields are arguments of the compiled step (sweep.hyper_values); a fork's part
   that branches on one in Python still trains, the fields as constants, and the run says so."""
   config = configuration.load("configs/cifar_keras_cnn.py:smoke")
   config.update(synthetic_train_size=64, synthetic_test_size=32, synthetic_image_size=16)

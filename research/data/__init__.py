@@ -1,6 +1,8 @@
 """Data sources. Datasets held whole in memory (CIFAR-sized) are found by name: `config.dataset`
 names one registered with `@research.data.register("name")` on `load(config) -> ImageDataset`
-(uint8 arrays, checked by `load` below), here or in a fork's module of `config.modules`.
+(uint8 arrays, checked by `load` below), here or in a fork's module of `config.modules`; it is
+handed its view of the config: a dataset's fields (`data_dir`, `seed`, the sizes, ...) and those
+it declares, `register(name, fields={...})`.
 Image folders (`folder`) and TFDS datasets that stream (STREAMED) are read by their modules."""
 
 import dataclasses
@@ -11,13 +13,14 @@ from pathlib import Path
 import numpy as np
 
 from research.errors import UserError
+from research.fields import of_part
 from research.registry import Registry
 
 STREAMED = ("imagenet2012", "imagenette")  # tfds array_record, research/data/streaming.py
 READ = (*STREAMED, "folder")  # read by their modules; folder: resident or streamed
 PLACEMENTS = ("auto", "resident", "streamed")
 STREAMED_CLASSES = {"imagenet2012": 1000, "imagenette": 10}  # a folder's: its directories
-DATASETS = Registry("dataset", "dataset")
+DATASETS = Registry("dataset", "dataset", "research.data")
 register = DATASETS.register  # register(name, num_classes=N): N checked before loading
 CIFAR10_NAMES = (
   "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"
@@ -82,17 +85,19 @@ def known_classes(dataset: str) -> int | None:
   return STREAMED_CLASSES.get(dataset)
 
 
-def check_name(config) -> None:
-  """A user error unless `config.dataset` is registered or read by its module."""
-  if config.dataset not in READ and config.dataset not in DATASETS.parts:
-    raise UserError(DATASETS.unknown(config.dataset, config.modules, also=READ))
+def check_name(dataset: str, modules=()) -> None:
+  """A user error unless `dataset` is registered (by the shipped modules or `modules`) or read
+  by its module."""
+  if dataset not in READ and dataset not in DATASETS.parts:
+    raise UserError(DATASETS.unknown(dataset, modules, also=READ))
 
 
-def load(config) -> ImageDataset:
-  """The registered dataset `config.dataset`, whole on the host, checked: uint8 images
-  [N, H, W, C] of one size in both splits, int labels of the model's classes."""
-  data = DATASETS.get(config.dataset, config.modules)(config)
-  where = f"dataset {config.dataset!r}"
+def load(fields) -> ImageDataset:
+  """The registered dataset `fields.dataset`, whole on the host, checked: uint8 images
+  [N, H, W, C] of one size in both splits, int labels of the model's classes. Its loader is
+  handed its view of `fields` (a dataset's fields and its own: research/fields.py)."""
+  data = DATASETS.get(fields.dataset)(of_part(DATASETS, fields.dataset, fields))
+  where = f"dataset {fields.dataset!r}"
   if not isinstance(data, ImageDataset):
     raise UserError(f"{where} loaded {type(data).__name__}, not a research.data.ImageDataset")
   for split in ("train", "test"):
@@ -114,7 +119,7 @@ def load(config) -> ImageDataset:
       raise UserError(f"{where}: {split}_labels must lie in [0, {data.num_classes})")
     setattr(data, f"{split}_labels", labels.astype(np.int32))
   if data.name != "synthetic":  # a synthetic stand-in has the labels the model has
-    check_num_classes(where, data.num_classes, config.model.num_classes)
+    check_num_classes(where, data.num_classes, fields.model.num_classes)
   names = tuple(data.classes)
   if names and (len(names) != data.num_classes or not all(isinstance(n, str) for n in names)):
     raise UserError(

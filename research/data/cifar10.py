@@ -181,15 +181,15 @@ def load_cached(download_timeout_s: float = 20.0) -> ImageDataset:
 
 
 @register("cifar10", num_classes=10)
-def load(config) -> ImageDataset:
-  """CIFAR-10 from `config.data_dir`, else the cache (downloading it); with no data and no
-  network, synthetic data of CIFAR-10's sizes where `config.data_fallback` (said loudly)."""
-  if config.data_dir:
-    return load_from(config.data_dir)  # the user named it: no fallback
+def load(fields) -> ImageDataset:
+  """CIFAR-10 from `fields.data_dir`, else the cache (downloading it); with no data and no
+  network, synthetic data of CIFAR-10's sizes where `fields.data_fallback` (said loudly)."""
+  if fields.data_dir:
+    return load_from(fields.data_dir)  # the user named it: no fallback
   try:
     return load_cached()
   except NotAvailable as e:
-    if not config.data_fallback:
+    if not fields.data_fallback:
       raise UserError(f"CIFAR-10 not found offline: {e}; {ways_to_supply()}") from None
     reason = f"{e}. To train on CIFAR-10: {ways_to_supply()}"
-    return synthetic.from_config(config, 50_000, 10_000, fallback_reason=reason)
+    return synthetic.from_fields(fields, 50_000, 10_000, fallback_reason=reason)

@@ -82,17 +82,18 @@ class TfdsImages:
     return dict(folder.pad_to_square(image, self.size), label=np.int32(record["label"]), skipped=0)
 
 
-def sources(config, scanned: folder.Folder | None) -> tuple:
+def sources(fields, scanned: folder.Folder | None) -> tuple:
   """(train, eval) sources of host-size images, a description and a fingerprint of the data;
-  `scanned`: the image folder, scanned and checked by research/inputs.py (None for tfds).
+  `fields`: research/inputs.py's view of the config; `scanned`: the image folder, scanned and
+  checked by research/inputs.py (None for tfds).
 
   The fingerprint covers the file list and labels (folder) or the prepared version and sizes
   (tfds), not the pixels: reading every file to resume would take as long as an epoch.
   """
-  size = config.host_image_size
-  if config.dataset == "folder":
+  size = fields.host_image_size
+  if fields.dataset == "folder":
     train, test = (
-      folder.FileImages(scanned.root, split, size, config.skip_bad_images)
+      folder.FileImages(scanned.root, split, size, fields.skip_bad_images)
       for split in (scanned.train, scanned.eval)
     )
     description = f"folder:{scanned.root} ({len(train)} train, {len(test)} {scanned.eval.name})"
@@ -100,11 +101,11 @@ def sources(config, scanned: folder.Folder | None) -> tuple:
       scanned.train.paths, scanned.train.labels, scanned.eval.paths, scanned.eval.labels
     )
     return train, test, description, content
-  train = open_source(config.dataset, "train", config.data_dir)
-  test = open_source(config.dataset, EVAL_SPLIT[config.dataset], config.data_dir)
-  where = config.data_dir or "~/tensorflow_datasets"
+  train = open_source(fields.dataset, "train", fields.data_dir)
+  test = open_source(fields.dataset, EVAL_SPLIT[fields.dataset], fields.data_dir)
+  where = fields.data_dir or "~/tensorflow_datasets"
   version = getattr(getattr(train, "dataset_info", None), "version", "")
-  content = fingerprint(np.array([config.dataset, str(version), len(train), len(test)]))
+  content = fingerprint(np.array([fields.dataset, str(version), len(train), len(test)]))
   return (
     TfdsImages(train, size),
     TfdsImages(test, size),

@@ -60,18 +60,19 @@ def make(
 
 
 @register("synthetic")
-def load(config) -> ImageDataset:
+def load(fields) -> ImageDataset:
   """`make` with the config's sizes and noise: the same data whatever the run's seed (the seed
   is the training's: a run's seeds, `config.seeds`, share its data)."""
-  return from_config(config, config.synthetic_train_size, config.synthetic_test_size)
+  return from_fields(fields, fields.synthetic_train_size, fields.synthetic_test_size)
 
 
-def from_config(config, train_size: int, test_size: int, fallback_reason: str = ""):
+def from_fields(fields, train_size: int, test_size: int, fallback_reason: str = ""):
+  """`make` with `fields`' (a dataset's) image size, noise and the model's classes."""
   return make(
     train_size,
     test_size,
-    num_classes=min(config.model.num_classes, CLASSES),  # labels the model has
-    image_size=config.synthetic_image_size,
-    noise=config.synthetic_noise,
+    num_classes=min(fields.model.num_classes, CLASSES),  # labels the model has
+    image_size=fields.synthetic_image_size,
+    noise=fields.synthetic_noise,
     fallback_reason=fallback_reason,
   )

@@ -27,9 +27,11 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 from jax import lax
 
+from research import fields as fields_lib
 from research.errors import UserError
 from research.placement import to_devices
 
@@ -58,20 +60,61 @@ COLUMNS = [
 ]
 
 
-def _choice(config, field: str, choices: tuple) -> None:
-  if config[field] not in choices:
-    raise UserError(f"{field}={config[field]!r} is unknown; use one of {', '.join(choices)}")
+def defaults() -> ml_collections.ConfigDict:
+  """The experiment's fields, each with its default: its config starts from these
+  (configs/conv2d_scaling.py), and a field it does not declare is an error (`check_config`)."""
+  c = ml_collections.ConfigDict()
+  c.experiment = "conv2d_scaling"  # this module
+  c.modules = ()  # Python modules imported first (as a training config's)
+  c.num_images = 840  # in total ("strong") or per device ("weak"); 840 = lcm(1, ..., 8)
+  c.image_size = 100  # pixels per side of the square images
+  c.in_channels = 1
+  c.out_channels = 1
+  c.filter_size = 3  # pixels per side of the square filter
+  c.filter_init = "ones"  # "ones" as the write-up, or "random" (normal) to check orientation
+  c.padding = "SAME"  # "SAME" (output as large as the input) or "VALID"
+  c.dtype = "float32"  # of images and filter: "float32", "bfloat16" or "float16"
+  c.mode = "strong"  # "strong": num_images split over the devices; "weak": num_images each
+  c.device_counts = ()  # () = 1, 2, ..., all local devices; or e.g. (1, 2, 4, 8)
+  c.repeats = 20  # steady-state calls and copies per device count; medians are reported
+  c.seed = 0  # image values: uniform in [0, 1) (the write-up used ones; timing is the same)
+  c.scipy_baseline = True  # time scipy.signal.correlate2d in a loop on one core; check results
+  return c
+
+
+# What make_inputs reads of the config.
+INPUTS = (
+  "seed",
+  "image_size",
+  "in_channels",
+  "out_channels",
+  "filter_size",
+  "filter_init",
+  "dtype",
+)
+
+
+def _choice(field: str, value, choices: tuple) -> None:
+  if value not in choices:
+    raise UserError(f"{field}={value!r} is unknown; use one of {', '.join(choices)}")
 
 
 def check_config(config, n_local: int) -> list[int]:
-  """Raises UserError for a workload that cannot run, before anything compiles; returns k's."""
+  """Raises UserError for a workload that cannot run, before anything compiles (a field the
+  experiment does not declare among them); returns k's."""
+  known = list(defaults())
+  for field in config:
+    if field not in known:
+      raise UserError(
+        f"{field}: no part of this experiment reads it{fields_lib.nearest(field, known)}"
+      )
   for field in SIZES:
     value = config[field]
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
       raise UserError(f"{field}={value!r} must be a whole number of 1 or more")
   choices = {"mode": MODES, "dtype": DTYPES, "padding": PADDINGS, "filter_init": FILTER_INITS}
   for field, allowed in choices.items():
-    _choice(config, field, allowed)
+    _choice(field, config[field], allowed)
   if config.padding == "VALID" and config.filter_size > config.image_size:
     raise UserError(
       f"filter_size={config.filter_size} is larger than image_size={config.image_size}, so "
@@ -88,16 +131,17 @@ def check_config(config, n_local: int) -> list[int]:
   return sorted(set(counts))
 
 
-def make_inputs(config, n_images: int) -> tuple[np.ndarray, np.ndarray]:
-  """Images [n, H, W, C_in] uniform in [0, 1) and the filter [fh, fw, C_in, C_out]."""
-  rng = np.random.default_rng(config.seed)
-  size, f = config.image_size, config.filter_size
-  images = rng.random((n_images, size, size, config.in_channels), dtype=np.float32)
-  kernel_shape = (f, f, config.in_channels, config.out_channels)
+def make_inputs(fields, n_images: int) -> tuple[np.ndarray, np.ndarray]:
+  """Images [n, H, W, C_in] uniform in [0, 1) and the filter [fh, fw, C_in, C_out] (`fields`:
+  INPUTS)."""
+  rng = np.random.default_rng(fields.seed)
+  size, f = fields.image_size, fields.filter_size
+  images = rng.random((n_images, size, size, fields.in_channels), dtype=np.float32)
+  kernel_shape = (f, f, fields.in_channels, fields.out_channels)
   kernel = np.ones(kernel_shape, np.float32)
-  if config.filter_init == "random":
+  if fields.filter_init == "random":
     kernel = rng.standard_normal(kernel_shape, dtype=np.float32)
-  dtype = jnp.dtype(config.dtype)
+  dtype = jnp.dtype(fields.dtype)
   return images.astype(dtype), kernel.astype(dtype)
 
 
@@ -198,7 +242,7 @@ def time_scipy(images, kernel, padding: str) -> tuple[float, np.ndarray]:
 
 def measure(config, k: int, n_images: int, scipy_cache: dict) -> dict:
   """Every timing for k devices; scipy runs once per image count and is reused."""
-  images, kernel = make_inputs(config, n_images)
+  images, kernel = make_inputs(fields_lib.reading(config, INPUTS, __name__), n_images)
   devices = jax.local_devices()[:k]
   cold_s, out = time_cold(images, kernel, config.padding, devices)
   parts = time_parts(images, kernel, config.padding, devices, config.repeats)
@@ -352,7 +396,8 @@ def run(config, workdir: str) -> list[dict]:
   print(f"conv2d_scaling: {describe(config)}", flush=True)
   # The process's one-time costs (backend start, first compile, first transfer), paid untimed
   # here so that every device count's cold time holds only what its own first call costs.
-  time_cold(*make_inputs(config, jax.local_device_count()), config.padding, jax.local_devices())
+  inputs = make_inputs(fields_lib.reading(config, INPUTS, __name__), jax.local_device_count())
+  time_cold(*inputs, config.padding, jax.local_devices())
   rows, scipy_cache = [], {}
   for k in counts:
     n_images = config.num_images * (k if config.mode == "weak" else 1)

@@ -38,9 +38,10 @@ from flax import nnx
 
 from research.cpu_forms import cpu_forms_applied
 from research.errors import UserError
+from research.fields import View, of_part
 from research.registry import Registry
 
-MODELS = Registry("model", "model.name")
+MODELS = Registry("model", "model.name", "research.models")
 register = MODELS.register
 
 
@@ -49,11 +50,18 @@ MODES = {"train": lambda train: train, "deterministic": lambda train: not train}
 ADAPTER = "a module whose __call__(self, x, train: bool) returns YourModel(...)(x, ...)"
 
 
-def create(model_config: ml_collections.ConfigDict, axis_name: str | None) -> nn.Module:
-  """The flax module of the model registered as `model_config.name`; a user error for a model
-  the step cannot call: its `__call__` must take the images, and at most its mode besides."""
+def fields(model_config) -> View:
+  """The view of the model sub-config its model is handed: `name`, `num_classes`, `dtype` and
+  the fields it declared (`register(name, fields={...})`), at their defaults where unset."""
+  return of_part(MODELS, model_config.name, model_config)
+
+
+def create(model_config, axis_name: str | None) -> nn.Module:
+  """The flax module of the model registered as `model_config.name` (given its `fields`); a
+  user error for a model the step cannot call: its `__call__` must take the images, and at
+  most its mode besides."""
   name = model_config.name
-  module = MODELS.get(name)(model_config, axis_name)
+  module = MODELS.get(name)(fields(model_config), axis_name)
   if isinstance(module, type) and issubclass(module, nnx.Module):
     module = FromNnx(module, axis_name=axis_name)  # an NNX class, as flax's examples write one
   if not isinstance(module, nn.Module):

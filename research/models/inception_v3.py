@@ -193,7 +193,16 @@ class InceptionV3(nn.Module):
     return logits
 
 
-@models.register("inception_v3")
+@models.register(
+  "inception_v3",
+  fields={
+    "aux_logits": True,
+    "dropout_rate": 0.2,
+    "bn_momentum": 0.9997,
+    "width": 1.0,
+    "blocks": (3, 4, 2),
+  },
+)
 def create(model_config: ml_collections.ConfigDict, axis_name: str | None) -> nn.Module:
   return InceptionV3(
     num_classes=model_config.num_classes,

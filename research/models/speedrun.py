@@ -12,8 +12,8 @@ their first `in` filters (Dirac), the rest as PyTorch initialises them; BatchNor
 model_config fields: num_classes; widths (the three groups' channels); whiten_eps (added to
 the patch covariance's eigenvalues); init_examples (from how many training images, a random
 sample, the whitening is computed); dtype ('float32' | 'bfloat16' compute: parameters and
-BatchNorm statistics stay float32, logits are float32); activation, norm_momentum (runs
-recorded before them: 'gelu', 0.6).
+BatchNorm statistics stay float32, logits are float32); activation, norm_momentum. Each declared
+with its default (`register(..., fields=)`): runs recorded before a field was have it so.
 """
 
 import functools
@@ -147,9 +147,18 @@ def init_from_data(model_config, params, statistics):
   return {**params, "whiten": whiten}
 
 
-@models.register("speedrun")
+@models.register(
+  "speedrun",
+  fields={
+    "widths": (64, 256, 256),
+    "whiten_eps": 5e-4,
+    "init_examples": 5000,
+    "activation": "gelu",
+    "norm_momentum": 0.6,
+  },
+)
 def create(model_config: ml_collections.ConfigDict, axis_name: str | None) -> nn.Module:
-  activation = model_config.get("activation", "gelu")
+  activation = model_config.activation
   if activation not in ACTIVATIONS:
     raise UserError(
       f"model.activation={activation!r} is not one of {', '.join(map(repr, ACTIVATIONS))}"
@@ -160,5 +169,5 @@ def create(model_config: ml_collections.ConfigDict, axis_name: str | None) -> nn
     axis_name=axis_name,
     dtype=jnp.dtype(model_config.dtype),
     activation=activation,
-    norm_momentum=model_config.get("norm_momentum", 0.6),
+    norm_momentum=model_config.norm_momentum,
   )

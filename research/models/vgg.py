@@ -54,7 +54,7 @@ class VGG(nn.Module):
     return nn.Dense(self.num_classes, dtype=self.dtype)(x)
 
 
-@models.register("vgg")
+@models.register("vgg", fields={"depth": 16, "width": 1.0})
 def create(model_config: ml_collections.ConfigDict, axis_name: str | None) -> nn.Module:
   if model_config.depth not in STAGES:
     raise UserError(f"model.depth={model_config.depth} is not one of {sorted(STAGES)}")
