@@ -4,18 +4,17 @@ on another count (docs/long_runs.md)."""
 import functools
 import json
 import shutil
-import subprocess
 import sys
 
 import jax
 import numpy as np
 import pytest
 
-from research import augment, configuration, environment, inputs, steps, trained
+from research import augment, configuration, inputs, steps, trained
 from research.placement import replicate, to_devices
 from research.steps import AXIS
 from research.train import train_and_evaluate
-from tests import guide
+from tests import guide, launches
 
 CONFIGS = {
   "vgg": "configs/cifar_vgg.py:smoke",  # BatchNorm
@@ -98,19 +97,10 @@ SETTINGS = {"num_train_steps": STEPS, "log_every_steps": 1}
 UNINTERRUPTED = {**SETTINGS, "checkpoint_every_steps": 2}
 
 
-def _train(workdir, config: str, devices: int, settings: dict, fork=None) -> str:
-  """A run of `config` on `devices` CPU devices with these config fields; its output. `fork`:
-  the directory of a fork module it imports."""
-  command = [
-    sys.executable, "-m", "research.main", f"--config={config}", f"--workdir={workdir}",
-    *(f"--config.{field}={value}" for field, value in settings.items()),
-  ]  # fmt: skip
-  env = environment.for_devices(devices, "cpu")  # the suite's XLA flags, this device count
-  if fork:
-    env["PYTHONPATH"] = str(fork)
-  result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-  return result.stdout
+def _launch(workdir, config: str, settings: dict) -> tuple:
+  """research.main's launch of `config` in `workdir` with these config fields."""
+  fields = [f"--config.{field}={value}" for field, value in settings.items()]
+  return "research.main", [f"--config={config}", f"--workdir={workdir}", *fields]
 
 
 def _records(workdir):
@@ -125,10 +115,10 @@ def runs(tmp_path_factory):
   """{(model, devices): (losses, final eval)} of uninterrupted runs, checkpointed at step 2,
   and ("vgg", "8 then 1"): the 8-device run preempted after that checkpoint (its last
   checkpoint gone) and resumed on 1 device (the program of the run on 1), with the resume's
-  output."""
+  output. The runs on 8 devices train in this process; those on 1 in one child process."""
   root = tmp_path_factory.mktemp("device_count")
   (root / "one_device.py").write_text(ONE_DEVICE)
-  done = {}
+  done, on_one = {}, []
   sys.path.insert(0, str(root))
   try:
     with guide.registered():
@@ -142,17 +132,20 @@ def runs(tmp_path_factory):
         train_and_evaluate(config, str(root / f"{model}-8"))
         if fork:  # the run's checkpoint evaluated again: its own final record
           done[model, "eval"] = trained.evaluate(root / f"{model}-8")
-        _train(root / f"{model}-1", spec, 1, {**UNINTERRUPTED, **fork}, root if fork else None)
-        for devices in (8, 1):
-          done[model, devices] = _records(root / f"{model}-{devices}")
+        on_one.append(_launch(root / f"{model}-1", spec, {**UNINTERRUPTED, **fork}))
   finally:
     sys.path.remove(str(root))
     sys.modules.pop("one_device", None)
   resumed = root / "vgg-8-then-1"
   shutil.copytree(root / "vgg-8", resumed)
   shutil.rmtree(resumed / "checkpoints" / str(STEPS))
-  output = _train(resumed, CONFIGS["vgg"], 1, SETTINGS)
-  done["vgg", "8 then 1"] = (*_records(resumed), output)
+  on_one.append(_launch(resumed, CONFIGS["vgg"], SETTINGS))
+  outputs = launches.run(1, on_one, root, path=root)
+  assert all(code == 0 for code, _ in outputs), [out[-2000:] for _, out in outputs]
+  for model in CONFIGS:
+    for devices in (8, 1):
+      done[model, devices] = _records(root / f"{model}-{devices}")
+  done["vgg", "8 then 1"] = (*_records(resumed), outputs[-1][1])
   return done
 
 

@@ -16,7 +16,19 @@ import optax
 import pytest
 from PIL import Image
 
-from research import augment, configuration, fields, losses, metrics, models, steps, trained
+from research import (
+  augment,
+  configuration,
+  fields,
+  host_memory,
+  losses,
+  main,
+  metrics,
+  models,
+  steps,
+  trained,
+  validate,
+)
 from research.errors import UserError
 from research.placement import first_replica, replicate
 from research.run import setup
@@ -26,12 +38,35 @@ from tests import guide
 ROOT = Path(__file__).parent.parent
 
 
-def _run(scratch, *arguments, timeout=600):
-  command = [sys.executable, "-m", *arguments]
-  return subprocess.run(command, cwd=scratch, capture_output=True, text=True, timeout=timeout)
+def _command(scratch, capsys, call) -> subprocess.CompletedProcess:
+  """A command of the fork's checkout run in this process: its return code (0 where it returns
+  nothing), output and error; the fork's modules are imported from `scratch` for it alone."""
+  sys.path.insert(0, str(scratch))
+  capsys.readouterr()
+  try:
+    with guide.registered():
+      code = call() or 0
+  finally:
+    sys.path.remove(str(scratch))
+    for name in [m for m in sys.modules if m == "myexp" or m.startswith("myexp.")]:
+      del sys.modules[name]
+  out = capsys.readouterr()
+  return subprocess.CompletedProcess((), code, out.out, out.err)
 
 
-def test_the_fork_package_copied_verbatim_trains_evaluates_predicts_and_loads(tmp_path):
+def _main(monkeypatch, argv) -> int:
+  """research.main as its command line runs it, leaving this process's malloc and garbage
+  collector as the suite has them (research/host_memory.py's one arena, for the rest of the
+  process, would slow every compile after it), as tests/test_cli.py runs it."""
+  monkeypatch.setattr(sys, "argv", ["research.main", *argv])
+  monkeypatch.setattr(host_memory, "keep_freed_memory", lambda: False)
+  monkeypatch.setattr(main, "_freeze_start_up_objects", lambda: None)  # the collector too
+  return main.main()
+
+
+def test_the_fork_package_copied_verbatim_trains_evaluates_predicts_and_loads(
+  tmp_path, capsys, monkeypatch
+):
   files = guide.files()
   assert sorted(files) == [
     "myexp/__init__.py", "myexp/config.py", "myexp/model.py", "myexp/parts.py",
@@ -55,8 +90,11 @@ def test_the_fork_package_copied_verbatim_trains_evaluates_predicts_and_loads(tm
     )
     assert result.returncode == 0, result.stdout + result.stderr
 
+  # As research.main and research.trained run them, in this process: each command imports the
+  # fork's modules itself (they are forgotten, and their parts unregistered, after each).
   workdir = scratch / "runs" / "myexp"
-  train = _run(scratch, "research.main", "--config=myexp/config.py:smoke", f"--workdir={workdir}")
+  argv = [f"--config={scratch / 'myexp' / 'config.py'}:smoke", f"--workdir={workdir}"]
+  train = _command(scratch, capsys, lambda: _main(monkeypatch, argv))
   assert train.returncode == 0, train.stdout[-2000:] + train.stderr[-2000:]
   records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   losses = [r["loss"] for r in records if "loss" in r]
@@ -69,40 +107,30 @@ def test_the_fork_package_copied_verbatim_trains_evaluates_predicts_and_loads(tm
   assert json.loads((workdir / "config.json").read_text())["modules"] == ["myexp"]
 
   # eval and predict import the run's modules themselves: the names are in its config.
-  evaluated = _run(scratch, "research.trained", "eval", str(workdir))
+  evaluated = _command(scratch, capsys, lambda: trained.main(["eval", str(workdir)]))
   assert evaluated.returncode == 0, evaluated.stderr[-2000:]
   assert f"accuracy = {final['eval_accuracy']:.4f}" in evaluated.stdout
   assert "top5 = 1.0000" in evaluated.stdout
   assert f"balanced_accuracy = {final['eval_balanced_accuracy']:.4f}" in evaluated.stdout
   Image.new("RGB", (32, 32), (90, 90, 90)).save(tmp_path / "grey.png")
-  predicted = _run(scratch, "research.trained", "predict", str(workdir), str(tmp_path / "grey.png"))
+  argv = ["predict", str(workdir), str(tmp_path / "grey.png")]
+  predicted = _command(scratch, capsys, lambda: trained.main(argv))
   assert predicted.returncode == 0 and "grey.png" in predicted.stdout, predicted.stderr[-2000:]
-  code = (
-    "from research import trained; import numpy as np; "
-    f"run = trained.load({str(workdir)!r}); "
-    "print(run.predict(np.zeros((1, 32, 32, 3), np.uint8)).shape)"
-  )
-  python = subprocess.run(
-    [sys.executable, "-c", code], cwd=scratch, capture_output=True, text=True, timeout=300
-  )
-  assert python.returncode == 0 and python.stdout.strip() == "(1, 2)", python.stderr[-2000:]
+  shape = lambda: print(trained.load(workdir).predict(np.zeros((1, 32, 32, 3), np.uint8)).shape)
+  python = _command(scratch, capsys, shape)
+  assert python.stdout.strip() == "(1, 2)", python.stderr[-2000:]
 
   # A config built on another's adds its variant and keeps the parent's; it passes the checks a
   # run makes before its data loads (myexp's Lion trains above, cifar_vgg's :smoke in
   # tests/test_configs.py).
-  code = (
-    "import jax; from research import configuration, validate; "
-    "c = configuration.load('myexp/vgg_lion.py:smoke,lion'); "
-    "validate.train_config(c, jax.device_count()); "
-    "print(c.model.name, c.model.depth, c.dataset, c.optimizer, c.modules); "
-    "c = configuration.load('myexp/config.py:spots'); "  # trained in tests/test_model_calls.py
-    "validate.train_config(c, jax.device_count()); print(c.model.name, c.dataset)"
-  )
-  built = subprocess.run(
-    [sys.executable, "-c", code], cwd=scratch, capture_output=True, text=True, timeout=300
-  )
-  assert built.returncode == 0, built.stderr[-2000:]
-  assert built.stdout.split() == ["vgg", "11", "synthetic", "lion", "('myexp',)", "cnn", "spots"]
+  def built():
+    for spec in ("vgg_lion.py:smoke,lion", "config.py:spots"):  # :spots: test_model_calls.py
+      c = configuration.load(str(scratch / "myexp" / spec))
+      validate.train_config(c, jax.device_count())
+      print(c.model.name, c.model.get("depth"), c.dataset, c.optimizer, c.modules)
+
+  lines = _command(scratch, capsys, built).stdout.splitlines()
+  assert lines == ["vgg 11 synthetic lion ('myexp',)", "cnn None spots lion ('myexp',)"]
 
 
 def test_the_guide_s_balanced_accuracy_is_the_mean_of_each_class_s_accuracy(guide_module):

@@ -276,20 +276,19 @@ def test_a_sweep_of_a_fork_s_declared_float_field_trains_each_point_as_its_singl
   from tests.test_sweep import POINT_LOSS_RTOL
 
   guide_module("myexp/parts.py")
-  base = dict(loss="focal", num_train_steps=3, log_every_steps=1, checkpoint_every_steps=0)
-  config = configuration.load("configs/cifar_keras_cnn.py:smoke")
-  config.update(modules=("guide_parts",), **base)
-  configuration.resolve(config, [("sweep", "focal_gamma=0.5,2")])
-  swept = train_and_evaluate(config, str(tmp_path / "sweep"))
-  assert swept["per_point"]["point"] == ["focal_gamma=0.5", "focal_gamma=2"]
-  records = [json.loads(line) for line in (tmp_path / "sweep" / "metrics.jsonl").open()]
-  for i, gamma in enumerate((0.5, 2.0)):
-    single = configuration.load("configs/cifar_keras_cnn.py:smoke")
-    single.update(modules=("guide_parts",), **base)
-    configuration.resolve(single, [("focal_gamma", str(gamma))])
-    train_and_evaluate(single, str(tmp_path / f"single{i}"))
-    alone = [json.loads(line) for line in (tmp_path / f"single{i}" / "metrics.jsonl").open()]
-    mine = [r["per_point"]["loss"][i] for r in records if "loss" in r]
-    np.testing.assert_allclose(
-      mine, [r["loss"] for r in alone if "loss" in r], rtol=POINT_LOSS_RTOL
-    )
+  base = dict(loss="focal", num_train_steps=2, log_every_steps=1, checkpoint_every_steps=0)
+
+  def train_records(workdir, overrides):
+    config = configuration.load("configs/cifar_vgg.py:smoke")
+    config.update(modules=("guide_parts",), **base)
+    configuration.resolve(config, overrides)
+    train_and_evaluate(config, str(workdir))
+    return [r for r in map(json.loads, (workdir / "metrics.jsonl").open()) if "loss" in r]
+
+  swept = train_records(tmp_path / "sweep", [("sweep", "focal_gamma=0.5,2")])
+  for i, gamma in enumerate(("0.5", "2")):
+    alone = train_records(tmp_path / f"single{i}", [("focal_gamma", gamma)])
+    mine = [r["per_point"]["loss"][i] for r in swept]
+    np.testing.assert_allclose(mine, [r["loss"] for r in alone], rtol=POINT_LOSS_RTOL)
+  point = trained.load(tmp_path / "sweep", point="focal_gamma=2").config
+  assert (point.focal_gamma, point.sweep) == (2.0, "")

@@ -28,9 +28,9 @@ LABELS = ["learning_rate=0.001", "learning_rate=0.003"]
 # examples: its loss, a mean of 64 float32 terms, agrees to rounding (1e-5 bounds it; measured
 # 8e-8). After it the difference grows as rounding does in training, faster where it flips a
 # max-pool's choice within a window or a ReLU's sign. Measured batched on VGG's :smoke run of
-# 8 steps here, 8 devices (docs/sweeps.md): losses 1e-3 relative apart at the last step (1e-2
-# at most on the way), the final eval loss 2e-3, the accuracy one example of 250. The bounds
-# allow ten times that.
+# 8 steps, 8 devices (docs/sweeps.md): losses 1e-3 relative apart at the last step (1e-2 at
+# most on the way), the final eval loss 2e-3, the accuracy one example of 250. The bounds
+# allow ten times that, for the 4 steps here.
 FIRST_LOSS_RTOL = 1e-5
 LAST_LOSS_RTOL = 1e-2
 EVAL_LOSS_RTOL = 2e-2
@@ -39,7 +39,7 @@ EVAL_EXAMPLES = 10
 
 def _config(name: str, **fields):
   config = configuration.load(f"configs/{name}.py:smoke")
-  config.update(num_train_steps=8, log_every_steps=1, checkpoint_every_steps=4, seed=SEEDS[0])
+  config.update(num_train_steps=4, log_every_steps=1, checkpoint_every_steps=2, seed=SEEDS[0])
   config.update(fields)
   return config
 
@@ -197,25 +197,25 @@ def test_a_fine_tune_starts_from_the_seed_it_names(runs):
 
 
 def test_a_run_that_dies_resumes_exactly(seeds_runs, tmp_path, monkeypatch, capsys):
-  """Dies at step 6 without a word (as a killed process: no checkpoint of its own), then
-  resumes from step 4's checkpoint and ends as the run that never died, every seed. One run
+  """Dies at step 3 without a word (as a killed process: no checkpoint of its own), then
+  resumes from step 2's checkpoint and ends as the run that never died, every seed. One run
   shows it (VGG's seeds batched): the checkpoint holds every seed's state."""
   name, fields = "cifar_vgg", _fields("vmap")
   uninterrupted = seeds_runs(name, "vmap")
   write = progress.Progress.write
 
-  def dies_at_6(self, step, *args):
-    if step == 6:
+  def dies_at_3(self, step, *args):
+    if step == 3:
       raise SystemExit("killed")
     write(self, step, *args)
 
-  monkeypatch.setattr(progress.Progress, "write", dies_at_6)
+  monkeypatch.setattr(progress.Progress, "write", dies_at_3)
   with pytest.raises(SystemExit):
     train_and_evaluate(_config(name, **fields), str(tmp_path))
   monkeypatch.undo()
   capsys.readouterr()
   train_and_evaluate(_config(name, **fields), str(tmp_path))
-  assert "resumed from the checkpoint at step 4" in capsys.readouterr().out
+  assert "resumed from the checkpoint at step 2" in capsys.readouterr().out
   last_train = lambda w: [r for r in _records(w) if "loss" in r][-1]["per_seed"]
   assert last_train(tmp_path) == last_train(uninterrupted)  # bit for bit
   assert _records(tmp_path)[-1]["per_seed"] == _records(uninterrupted)[-1]["per_seed"]
@@ -268,7 +268,7 @@ def sweep_run(tmp_path_factory, single_runs):
 # XLA's default optimisation: the first loss equal (no update yet), later losses 1 float32 ulp
 # apart (6e-8 relative) at steps 16 and 24 for two points of three, the final evals equal; at
 # the suite's optimisation level, here, every step bit for bit. The bounds allow a hundred
-# times what rounding did over 24 steps, for 8 steps here.
+# times what rounding did over 24 steps, for 4 steps here.
 POINT_LOSS_RTOL = 1e-5
 
 
@@ -373,7 +373,7 @@ def test_load_predict_and_init_from_take_the_best_point_or_the_named_one(sweep_r
   training = run.setup(_config("cifar_keras_cnn", init_from=str(workdir)), warm_start=True)
   assert same(training.state.params, each[best])
   assert training.warm["point"] == LABELS[best]  # in the final record, and said:
-  assert f"(step 8, its point {LABELS[best]})" in trained.describe_warm_start(training.warm)
+  assert f"(step 4, its point {LABELS[best]})" in trained.describe_warm_start(training.warm)
   config = _config("cifar_keras_cnn", init_from=str(workdir), init_from_point=LABELS[1 - best])
   assert same(run.setup(config, warm_start=True).state.params, each[1 - best])
   Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(tmp_path / "a.png")

@@ -2,6 +2,7 @@
 
 import csv
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -12,10 +13,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from research import checkpoint, configuration, environment, metrics, trained
+from research import checkpoint, configuration, metrics, trained
 from research.errors import EXIT_USER_ERROR, UserError
 from research.run import setup
 from research.train import train_and_evaluate
+from tests import launches
 
 ROOT = Path(__file__).parent.parent
 SLICE = Path(__file__).parent / "data" / "cifar10_slice"  # 16 train + 8 test real JPEGs a class
@@ -55,22 +57,36 @@ def test_eval_reproduces_the_final_eval_and_leaves_the_training_s_files_alone(ru
   assert json.loads((workdir / trained.EVALS).read_text().splitlines()[-1])["overrides"] == {}
 
 
-def test_eval_on_one_device_of_a_run_trained_on_8_counts_the_same(run):
-  workdir, final = run
-  env = environment.for_devices(1, "cpu")  # the suite's XLA flags, one device
-  result = subprocess.run(
-    [sys.executable, "-m", "research.trained", "eval", str(workdir), "--config.eval_batch_size=20"],
-    cwd=ROOT,
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=300,
+@pytest.fixture(scope="module")
+def on_one_device(run, tmp_path_factory) -> list:
+  """[(exit code, output)] of the run's eval (at another eval batch), its predict over the test
+  folder and a fine-tune from it, each on 1 device, in one child process."""
+  workdir, _ = run
+  here = tmp_path_factory.mktemp("one_device")
+  test = workdir.parent / "data" / "test"
+  tune = ["--config=configs/cifar_keras_cnn.py:smoke", f"--workdir={here / 'fine'}"]
+  tune += [f"--config.init_from={workdir}", "--config.dataset=folder"]
+  tune += [f"--config.data_dir={_five_classes(here)}", "--config.model.num_classes=5"]
+  tune += ["--config.num_train_steps=2", "--config.batch_size=16"]
+  return launches.run(
+    1,
+    [
+      ("research.trained", ["eval", str(workdir), "--config.eval_batch_size=20"]),
+      ("research.trained", ["predict", str(workdir), str(test), f"--output={here / 'one.csv'}"]),
+      ("research.main", tune),
+    ],
+    here,
   )
-  assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_eval_on_one_device_of_a_run_trained_on_8_counts_the_same(run, on_one_device):
+  workdir, final = run
+  code, output = on_one_device[0]
+  assert code == 0, output[-2000:]
   loss, accuracy = final["eval_loss"], final["eval_accuracy"]
-  assert f"eval at step 10: loss = {loss:.4f}, accuracy = {accuracy:.4f} over 80" in result.stdout
-  record = json.loads((workdir / trained.EVALS).read_text().splitlines()[-1])
-  assert record["overrides"] == {"eval_batch_size": "20"}
+  assert f"eval at step 10: loss = {loss:.4f}, accuracy = {accuracy:.4f} over 80" in output
+  records = [json.loads(line) for line in (workdir / trained.EVALS).read_text().splitlines()]
+  assert {"eval_batch_size": "20"} in [r["overrides"] for r in records]
 
 
 def test_load_predicts_the_eval_s_classes_from_images(run):
@@ -265,30 +281,19 @@ def test_a_workdir_keeps_what_each_launch_used_and_a_rerun_on_other_data_does_no
     train_and_evaluate(config, str(workdir))
 
 
-def test_predict_and_a_fine_tune_run_on_one_device_as_on_8(run, tmp_path):
+def test_predict_and_a_fine_tune_run_on_one_device_as_on_8(run, on_one_device, tmp_path):
   workdir, _ = run
-  one = environment.for_devices(1, "cpu")  # the suite's XLA flags, one device
+  (_, _), (code, output), (tuned, tune_output) = on_one_device
+  assert code == 0, output[-2000:]
+  one = Path(re.search(r"wrote \d+ predictions to (\S+)", output)[1])
   test = workdir.parent / "data" / "test"
-  output = tmp_path / "one.csv"
-  command = [sys.executable, "-m", "research.trained", "predict", str(workdir), str(test)]
-  result = subprocess.run(
-    [*command, f"--output={output}"], cwd=ROOT, env=one, capture_output=True, text=True
-  )
-  assert result.returncode == 0, result.stderr[-2000:]
   assert (
     trained.main(["predict", str(workdir), str(test), f"--output={tmp_path / 'eight.csv'}"]) == 0
   )
   classes = lambda path: [row["class"] for row in csv.DictReader(path.read_text().splitlines())]
-  assert classes(output) == classes(tmp_path / "eight.csv")
-  tune = [sys.executable, "-m", "research.main", "--config=configs/cifar_keras_cnn.py:smoke"]
-  tune += [f"--workdir={tmp_path / 'fine'}", f"--config.init_from={workdir}"]
-  tune += ["--config.dataset=folder", f"--config.data_dir={_five_classes(tmp_path)}"]
-  tune += ["--config.model.num_classes=5", "--config.num_train_steps=2", "--config.batch_size=16"]
-  result = subprocess.run(tune, cwd=ROOT, env=one, capture_output=True, text=True, timeout=300)
-  assert result.returncode == 0, result.stderr[-2000:]
-  assert (
-    "2 initialised afresh (another shape, or absent there): params/Dense_1/bias" in result.stdout
-  )
+  assert classes(one) == classes(tmp_path / "eight.csv")
+  assert tuned == 0, tune_output[-2000:]
+  assert "2 initialised afresh (another shape, or absent there): params/Dense_1/bias" in tune_output
 
 
 def test_ctrl_c_in_predict_is_one_line_and_130_and_leaves_the_output_file_as_it_was(tmp_path):
