@@ -18,11 +18,14 @@ from research import main, trained
 codes = []
 for module, argv, out in json.loads(sys.argv[1]):
   with open(out, "w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
-    if module == "research.main":
-      sys.argv = ["research.main", *argv]
-      codes.append(main.main())
-    else:
-      codes.append(trained.main(argv))
+    try:
+      if module == "research.main":
+        sys.argv = ["research.main", *argv]
+        codes.append(main.main())
+      else:
+        codes.append(trained.main(argv))
+    except SystemExit as e:  # argparse's usage error, an interrupted run: its code, as a shell's
+      codes.append(e.code if isinstance(e.code, int) else 1)
 print(json.dumps(codes))
 """
 
@@ -40,6 +43,7 @@ def run(devices: int, launches: list, directory: Path, path=None, timeout: int =
   ]
   command = [sys.executable, "-c", CHILD, json.dumps(jobs)]
   child = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
-  assert child.returncode == 0, child.stdout[-2000:] + child.stderr[-2000:]
+  logs = "".join(f"--- {out}:\n{out.read_text()[-1500:]}" for out in outs if out.exists())
+  assert child.returncode == 0, child.stdout[-2000:] + child.stderr[-2000:] + logs
   codes = json.loads(child.stdout.strip().splitlines()[-1])
   return [(code, out.read_text()) for code, out in zip(codes, outs, strict=True)]
