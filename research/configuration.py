@@ -187,10 +187,30 @@ def resolve(config: ml_collections.ConfigDict, overrides) -> None:
       node = node[name] if isinstance(node, ml_collections.ConfigDict) and name in node else None
     default = _declared_default(config, field)
     if node is None or default is MISSING:
-      owned = _fields(config) + list(_owners())
-      raise UserError(f"--config.{field}: no part of this run reads it{nearest(field, owned)}")
+      owned = _fields(config) + list(owners())
+      raise UserError(
+        f"--config.{field}: no part of this run reads it{nearest(field, owned)}{_unknown(config)}"
+      )
     _set(node, leaf, text, default, field)
   check_owned(config)
+
+
+def _unknown(config) -> str:
+  """ " (loss 'focal' is not registered: ...)" for the first part `config` names that nothing
+  registered, whose fields are unknown for that reason; else "". (Datasets aside: the built-in
+  folders and TFDS names are not registered parts.)"""
+  for field, registry in _registries().items():
+    if registry.kind == "dataset":
+      continue
+    node, leaf = (config.get("model"), "name") if field == "model.name" else (config, field)
+    value = node.get(leaf) if isinstance(node, ml_collections.ConfigDict) else None
+    for name in value if isinstance(value, tuple | list) else (value,):
+      if isinstance(name, str) and name and name not in registry.parts:
+        return (
+          f" ({registry.kind} {name!r} is not registered: is the module that registers it "
+          "in --config.modules?)"
+        )
+  return ""
 
 
 MISSING = object()  # a field nobody declares
@@ -239,7 +259,7 @@ def complete(config: ml_collections.ConfigDict) -> None:
         node[field] = default
 
 
-def _owners() -> dict:
+def owners() -> dict:
   """{field path: its owners in words} of every field a registered part declares: at the top
   level (losses, datasets, optimizers, schedules, steps, metrics), in the model's sub-config
   (`model.FIELD`, models) and in a parameter group (`param_groups.*.FIELD`, optimizers and
@@ -253,14 +273,14 @@ def _owners() -> dict:
         paths += [f"param_groups.*.{f}" for f in declared]
       for path in paths:
         found.setdefault(path, []).append(f"{registry.kind} {name!r}")
-  return {path: " and ".join(owners) for path, owners in found.items()}
+  return {path: " and ".join(parts) for path, parts in found.items()}
 
 
 def _group_fields() -> list:
   """What a parameter group may set: its own fields, its optimizer's and its schedule's (the
   library's and those registered optimizers and schedules declare)."""
   kinds = fields_lib.KINDS
-  declared = [f.removeprefix("param_groups.*.") for f in _owners() if f.startswith("param_gr")]
+  declared = [f.removeprefix("param_groups.*.") for f in owners() if f.startswith("param_gr")]
   return [*fields_lib.GROUP, *kinds["optimizer"], *kinds["schedule"], *declared]
 
 
@@ -271,10 +291,12 @@ def _declared_default(config, path: str):
   if len(parents) == 2 and parents[0] == "param_groups" and leaf in _group_fields():
     if leaf in config:
       return config[leaf]
+    if leaf in fields_lib.GROUP_DEFAULTS:
+      return fields_lib.GROUP_DEFAULTS[leaf]
     path = f"param_groups.*.{leaf}"
   for registry in _registries().values():
     for declared in registry.fields.values():
-      if leaf in declared and path in _owners():
+      if leaf in declared and path in owners():
         return declared[leaf]
   return MISSING
 
@@ -285,9 +307,9 @@ def check_owned(config: ml_collections.ConfigDict) -> None:
   nor a registered model; in a parameter group nothing a group may set (`_group_fields`)."""
   if config.get("experiment", "train") != "train":
     return
-  owners = _owners()
-  top = ["model", *fields_lib.library().keys(), *(f for f in owners if "." not in f)]
-  model = [*(f"model.{f}" for f in fields_lib.KINDS["model"]), *owners]
+  declared = owners()
+  top = ["model", *fields_lib.library().keys(), *(f for f in declared if "." not in f)]
+  model = [*(f"model.{f}" for f in fields_lib.KINDS["model"]), *declared]
   paths = list(config)
   if isinstance(config.get("model"), ml_collections.ConfigDict):
     paths += [f"model.{f}" for f in config.model]
@@ -315,9 +337,9 @@ def unused(config: ml_collections.ConfigDict) -> list[str]:
     declared = registry.fields.get(name, {})
     read.update(f if registry.kind != "model" else f"model.{f}" for f in declared)
   paths = [*config, *(f"model.{f}" for f in config.get("model", {}))]
-  owners = _owners()
+  declared = owners()
   return [
-    f"note: {path} is {owners.get(path, 'a part')}'s, which this run does not use"
+    f"note: {path} is {declared.get(path, 'a part')}'s, which this run does not use"
     for path in paths
     if path not in read and path != "model"
   ]

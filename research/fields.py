@@ -191,13 +191,30 @@ KINDS = {
   ),
   "eval metric": (),
 }  # fmt: skip
-# What a parameter group sets besides its optimizer's and schedule's fields.
+# What a parameter group sets besides its optimizer's and schedule's fields, and the defaults
+# of those it may leave unset (`match` it must set).
 GROUP = ("match", "train_fraction")
+GROUP_DEFAULTS = {"train_fraction": 1.0}  # the whole run
+REGISTERED = []  # each Registry's {part: {field it declares: its default}} (research/registry.py)
+_LIBRARY = frozenset([*library(), "model", *GROUP])  # names View.get never answers with a default
 
 
-class FieldError(UserError, AttributeError):
-  """A part read a field outside its view (an AttributeError too: `getattr(view, name, default)`
-  and `hasattr` behave as on any object)."""
+class FieldError(UserError):
+  """A part read a field outside its view: a field of the library's or of a registered part,
+  by `view.get(name, default)`, `getattr(view, name, default)` and `hasattr` too (a default
+  never stands in for the config's value)."""
+
+
+class NoField(FieldError, AttributeError):
+  """A part read a name that is no field at all: an AttributeError too, so that
+  `getattr(view, name, default)` and `hasattr` behave as on any object."""
+
+
+def is_field(name: str) -> bool:
+  """Whether `name` is a config field: the library's (a model's kind's among them), or one a
+  registered part declares."""
+  declared = (d for fields in REGISTERED for d in fields.values())
+  return name in _LIBRARY or name in KINDS["model"] or any(name in d for d in declared)
 
 
 class View:
@@ -222,7 +239,7 @@ class View:
     values = object.__getattribute__(self, "_values")
     if name in values:
       return values[name]
-    raise FieldError(self._outside(name))
+    raise (FieldError if is_field(name) else NoField)(self._outside(name))
 
   def _outside(self, name: str) -> str:
     kind = ", ".join(self._kind_fields) or "none"
@@ -248,8 +265,11 @@ class View:
     return len(self._values)
 
   def get(self, name: str, default=None):
-    """The field's value; `default` for a field the config does not have at all."""
-    return self._values.get(name, default)
+    """The field's value; `default` for a field the config does not have at all. A field the
+    config holds outside this view is a FieldError, as reading it otherwise is."""
+    if name in self._values or not is_field(name):
+      return self._values.get(name, default)
+    raise FieldError(self._outside(name))
 
   def keys(self):
     return self._values.keys()

@@ -346,7 +346,7 @@ def _resident_train(fields, runs, data: ImageDataset, per_device_batch: int, shu
   train = (data.train_images, data.train_labels)
   local_devices = jax.process_index() * n_local + np.arange(n_local)
   sharded = sum(a.nbytes for a in train) > fields.replicate_max_gb * 2**30
-  seeds = tuple(p.seed for p in runs.points)  # each point's: a seed repeats across a sweep's values
+  seeds = runs.seeds
   if sharded and len(seeds) > 1:
     raise UserError(
       f"{_said(runs)} need the training split whole on every device, and it is larger than "

@@ -13,6 +13,7 @@ line (a short summary), TensorBoard (a scalar a class, a histogram or an image) 
 `./launch.sh eval`. Each metric's shape is checked before anything compiles (`shapes`).
 """
 
+import inspect
 import json
 import time
 from pathlib import Path
@@ -50,8 +51,19 @@ def per_class(totals) -> np.ndarray:
 def bound(name: str, source=None):
   """The eval metric `name` as `(logits, labels) -> [batch, ...]`: one that declared fields
   (`register(name, fields={...})`) is called with its view of `source` (the config) third."""
-  metric = EVAL_METRICS.get(name)
-  if not EVAL_METRICS.fields.get(name):
+  metric, declared = EVAL_METRICS.get(name), bool(EVAL_METRICS.fields.get(name))
+  args = ("logits", "labels", "fields") if declared else ("logits", "labels")
+  try:
+    inspect.signature(metric).bind(*args)
+  except ValueError:  # no signature to read (a builtin): its call says
+    pass
+  except TypeError:
+    raise UserError(
+      f"eval metric {name!r} is called as metric({', '.join(args)}), "
+      f"{'as it declares fields' if declared else 'as it declares no fields'}, which its "
+      f"signature {inspect.signature(metric)} does not take (docs/extending.md)"
+    ) from None
+  if not declared:
     return metric
   view = of_part(EVAL_METRICS, name, {} if source is None else source)
   return lambda logits, labels: metric(logits, labels, view)
@@ -154,9 +166,13 @@ def duration(seconds: float) -> str:
 
 
 def _finite_points(values) -> np.ndarray:
-  """[points] bool: which points have every value finite (`values`: arrays [points, ...])."""
-  rows = lambda v: np.isfinite(np.asarray(v, np.float64)).reshape(len(v), -1).all(1)
-  return np.all([rows(v) for v in values], 0)
+  """[points] bool: which points have every scalar value finite (`values`: arrays [points,
+  ...]). An array metric's value is not asked: NaN there is a class the split lacks."""
+  values = [np.asarray(v, np.float64) for v in values]
+  scalars = [v for v in values if v.ndim == 1]
+  if not scalars:
+    return np.ones(len(values[0]) if values else 0, bool)
+  return np.all([np.isfinite(v) for v in scalars], 0)
 
 
 BEST = "by final eval accuracy, then eval cross-entropy"

@@ -33,7 +33,7 @@ from optax.contrib import MuonDimensionNumbers, scale_by_muon
 
 from research import schedules
 from research.errors import UserError
-from research.fields import of_part
+from research.fields import GROUP_DEFAULTS, of_part
 from research.registry import Registry
 
 DEFAULT = "default"  # the label of parameters no group matches
@@ -325,7 +325,7 @@ def group_fields(fields) -> dict:
       **schedules.SCHEDULES.fields.get(schedule, {}),
       **OPTIMIZERS.fields.get(optimizer, {}),
     }
-    merged = {**declared, **scalars, "train_fraction": 1.0, "learning_rate": 0.0, **settings}
+    merged = {**declared, **scalars, **GROUP_DEFAULTS, "learning_rate": 0.0, **settings}
     if merged.get("muon_dtype") == "model":  # Muon in the model's compute dtype
       merged["muon_dtype"] = fields.model.dtype
     groups[name] = ml_collections.ConfigDict(merged)

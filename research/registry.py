@@ -9,6 +9,7 @@ before the config is checked); the shipped parts register the same way. As timm'
 import difflib
 from collections.abc import Callable
 
+from research import fields as fields_lib
 from research.errors import UserError
 
 
@@ -23,6 +24,7 @@ class Registry:
     self.parts: dict[str, Callable] = {}
     self.options: dict[str, dict] = {}
     self.fields: dict[str, dict] = {}  # {name: {config field it declares: its default}}
+    fields_lib.REGISTERED.append(self.fields)  # what a View knows to be a field
 
   def register(self, name: str, fields: dict | None = None, **options) -> Callable:
     """A decorator that registers its function under `name` (a user error if taken), with the
@@ -51,10 +53,8 @@ class Registry:
     meaning; a part of this kind reads its kind's fields without declaring them)."""
     if not declared:
       return
-    from research import fields  # plain Python: its defaults and kinds
-
     names = [n for n in declared if not isinstance(n, str) or not n.isidentifier()]
-    owned = fields.KINDS["model"] if self.kind == "model" else fields.library().keys()
+    owned = fields_lib.KINDS["model"] if self.kind == "model" else [*fields_lib.library(), "model"]
     taken = [n for n in declared if n in owned]
     if names or taken:
       bad = (names or taken)[0]
@@ -62,7 +62,7 @@ class Registry:
       raise UserError(
         f"{self.home}.register({name!r}, fields=...): {bad!r} {why}; declare the fields your "
         f"part adds, each a name with its default (a {self.kind} reads "
-        f"{', '.join(fields.KINDS[self.kind]) or 'no library field'} without declaring them)"
+        f"{', '.join(fields_lib.KINDS[self.kind]) or 'no library field'} without declaring them)"
       )
 
   def names(self) -> list[str]:

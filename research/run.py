@@ -73,10 +73,11 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
     config = sweep_lib.structure(config)
     checked = checked._replace(groups=optim.group_fields(for_module(config, optim)))
   model = models.create(config.model, batch_norm_axis(config.batch_norm_statistics))
-  stored = trained.stored_shape(for_module(config, trained))  # None: the arrays'
+  reads = for_module(config, trained)  # the stored examples' size, init_from's fields
+  stored = trained.stored_shape(reads)  # None: the arrays'
   if stored:  # before any image is decoded
     _check_outputs(config.model, model, checked.augment, stored)
-  source = trained.check_warm_start(config, checked.augment, model) if warm_start else None
+  source = trained.check_warm_start(reads, checked.augment, model) if warm_start else None
   runs = sweep_lib.runs_of(config)
   inputs = inputs_lib.for_run(for_module(config, inputs_lib), checked, runs)
   if not stored:  # a registered dataset's arrays, loaded
@@ -86,7 +87,7 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
     config.num_train_steps if config.num_train_steps > 0 else config.num_epochs * per_epoch
   )
   tx = optim.create_optimizer(for_module(config, optim), per_epoch, num_steps, checked.groups)
-  seeds = tuple(point.seed for point in runs.points)
+  seeds = runs.seeds
   state, warm = _first_state(
     seeds, config.ema_decay > 0, model, inputs, checked.augment, tx, source
   )

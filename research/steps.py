@@ -113,7 +113,7 @@ def batch_norm_over(axis: str | None):
   its statistics are those of the global batch on any device count; or, with None
   (config.batch_norm_statistics="per_device"), over each device's own examples, whatever it
   names. A BatchNorm that names another axis runs as written (`axis_checked` reports it).
-  `models.FromNnx` points NNX's BatchNorm the same way."""
+  `models.FromNnx` points every NNX BatchNorm at the step's axis, whatever it names."""
 
   def interceptor(next_fun, args, kwargs, context):
     module = context.module

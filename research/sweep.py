@@ -174,15 +174,15 @@ class Runs(NamedTuple):
   labels: tuple  # each point's label
   swept: bool  # a sweep of fields (not seeds alone)
 
+  @property
+  def seeds(self) -> tuple:
+    """Each point's seed, in the points' order (a seed repeats across a sweep's values)."""
+    return tuple(point.seed for point in self.points)
+
 
 def runs_of(config) -> Runs:
   """`config`'s runs: its points, their labels and whether it sweeps fields."""
   return Runs(points_of(config), labels(config), sweeps_fields(config))
-
-
-def seeds_of(config) -> tuple:
-  """Each point's seed, in the order of `points_of` (a seed repeats across a sweep's values)."""
-  return tuple(point.seed for point in points_of(config))
 
 
 def sweeps_fields(config) -> bool:

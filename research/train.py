@@ -470,11 +470,11 @@ READ_IN_PYTHON = (
 )
 SWEEP_IN_PYTHON = (
   f"{READ_IN_PYTHON}, so the points of this sweep cannot share one program; launch a run per "
-  "value (research/optim.py: hyper_values)"
+  "value (research/sweep.py: hyper_values)"
 )
 HYPER_CONSTANT = (
   f"note: {READ_IN_PYTHON}, so the step takes them as constants: a run with other values of "
-  "them compiles its step anew (research/optim.py: hyper_values)"
+  "them compiles its step anew (research/sweep.py: hyper_values)"
 )
 
 

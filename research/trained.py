@@ -161,18 +161,26 @@ def run_config(workdir: Path) -> ml_collections.ConfigDict:
   saved = workdir_lib.last_config(workdir)
   if saved is None:
     raise UserError(f"{workdir} holds no config.json: it is not a run's workdir")
-  config = ml_collections.ConfigDict(saved)
-  if config.get("experiment") == "train":  # fields added since the run take their defaults
-    defaults = fields_lib.library()
-    defaults.update(config)
-    config = defaults
-  configuration.absolute_paths(config, environment.ROOT)  # runs that recorded them relative
+  config = completed(saved)
   if config.get("experiment") != "train":
     raise UserError(
       f"{workdir} holds a {config.get('experiment')!r} experiment, not a training run"
     )
+  return config
+
+
+def completed(saved: dict) -> ml_collections.ConfigDict:
+  """A training run's recorded config (`saved`) as today's code reads it: the fields added
+  since the run at their defaults, the library's and those its parts declared since."""
+  config = ml_collections.ConfigDict(saved)
+  if config.get("experiment") != "train":
+    return config
+  defaults = fields_lib.library()
+  defaults.update(config)
+  config = defaults
+  configuration.absolute_paths(config, environment.ROOT)  # runs that recorded them relative
   configuration.import_modules(config)  # the fork's parts the run was trained with
-  configuration.complete(config)  # fields its parts declared since, at their defaults
+  configuration.complete(config)
   return config
 
 
@@ -194,7 +202,7 @@ def load(
   step, state = checkpoint.read(workdir, step)
   variables = {"params": used_params(state), "batch_stats": state.get("batch_stats", {})}
   runs = sweep_lib.runs_of(config)
-  seeds = run_seeds(runs.points)
+  seeds = run_seeds(runs)
   index = chosen_point(workdir, runs, seed, point, str(workdir))
   if index is not None:  # one point's weights, and its single run's config
     variables, seeds = one_point(variables, index), ()
@@ -212,9 +220,9 @@ def used_params(state: dict):
   return state["params"] if ema is None else ema
 
 
-def run_seeds(points) -> tuple:
-  """The seeds a run of `points` (sweep.points_of) trained in one program; () for one run."""
-  return tuple(p.seed for p in points) if len(points) > 1 else ()
+def run_seeds(runs) -> tuple:
+  """The seeds `runs` (sweep.runs_of) trained in one program, a point each; () for one run."""
+  return runs.seeds if len(runs.points) > 1 else ()
 
 
 def one_point(tree, index: int):
@@ -479,7 +487,7 @@ def _source_seed(fields, workdir: Path, saved: dict) -> tuple[dict, str]:
   where it trained several points, of the one `fields.init_from_point` and `init_from_seed`
   name (`chosen_point`); by default a sweep's best, and a user error for a run of seeds."""
   runs = sweep_lib.runs_of(run_config(workdir))
-  seeds = run_seeds(runs.points)
+  seeds = run_seeds(runs)
   if not seeds:
     return saved, ""
   seed = fields.init_from_seed if fields.init_from_seed >= 0 else None

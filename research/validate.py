@@ -26,6 +26,7 @@ from research import (
   steps,
   sweep,
 )
+from research import fields as fields_lib
 from research.data import PLACEMENTS, check_num_classes
 from research.errors import UserError
 from research.fields import for_module
@@ -231,11 +232,31 @@ def _numbers(config) -> None:
   _choice("batch_norm_statistics", config.batch_norm_statistics, ("global", "per_device"))
 
 
+# The kinds of part the compiled step calls, each with a sweep's traced values.
+TRACED = ("loss", "optimizer", "schedule", "train step")
+
+
+def _swept_in_the_step(config) -> None:
+  """A user error for a swept field that no part of the compiled step reads (a dataset's, an
+  eval metric's, or a part's this run does not name): every point would train alike."""
+  read = set(fields_lib.library())
+  for registry, name in configuration.named(config):
+    read |= set(registry.fields.get(name, {})) if registry.kind in TRACED else set()
+  for path in sweep.parse(config.get("sweep", "")):
+    if "." not in path and path not in read:  # a group's fields: its optimizer's, schedule's
+      owner = configuration.owners().get(path, "no part")
+      raise UserError(
+        f"sweep: {path} cannot be swept: {owner} reads it, outside the compiled step, so every "
+        "point would train alike; launch a run per value"
+      )
+
+
 def _sweep(config) -> None:
   """The swept fields (research/sweep.py), each point's numbers in their ranges, and the plot
   a sweep ends with."""
   if not sweep.check(config):
     return
+  _swept_in_the_step(config)
   environment.check({"matplotlib": "matplotlib"})  # WORKDIR/sweep.png
   for point in sweep.points_of(config):
     single = sweep.point_config(config, point)

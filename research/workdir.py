@@ -136,11 +136,17 @@ def last_config(workdir: Path) -> dict | None:
   return records[-1]["config"] if records else None
 
 
-def check_resumable(workdir: Path, config: ml_collections.ConfigDict, allow_change: bool) -> None:
-  """Refuses to resume into a workdir that holds a different experiment."""
+def check_resumable(
+  workdir: Path, config: ml_collections.ConfigDict, allow_change: bool, complete=None
+) -> None:
+  """Refuses to resume into a workdir that holds a different experiment. `complete(saved)`:
+  the run's recorded config as today's code reads it (research.trained.completed: the fields
+  added since the run at their defaults)."""
   saved = last_config(workdir)
   if saved is None:
     return
+  if complete is not None:
+    saved = json.loads(complete(saved).to_json())
   current = json.loads(config.to_json())
   if saved.get("experiment", current["experiment"]) != current["experiment"]:  # even allowed
     raise UserError(

@@ -102,3 +102,17 @@ def test_tta_on_the_least_confident_gives_them_the_views_mean_and_the_rest_the_f
   np.testing.assert_allclose(some[least], every[least], rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(some[rest], first[rest], rtol=1e-6)
   assert not np.allclose(every[least], first[least])  # the views change the logits
+
+
+def test_a_class_the_split_lacks_leaves_a_sweep_s_points_live_and_a_diverged_one_out():
+  """per_class_accuracy is NaN for a class the split lacks, at every point: not a diverged
+  point's NaN, which the means and the best point leave out."""
+  nan = float("nan")
+  values = {
+    "eval_loss": [1.0, 0.8, nan],
+    "eval_accuracy": [0.5, 0.6, nan],
+    "eval_per_class_accuracy": [[0.5, nan], [0.6, nan], [nan, nan]],
+  }
+  record = metrics.per_point(values, {"point": ["a", "b", "c"]})
+  assert record["eval_accuracy"] == pytest.approx(0.55) and record["best_point"] == "b"
+  assert record["eval_per_class_accuracy"][0] == pytest.approx(0.55)

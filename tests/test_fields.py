@@ -8,6 +8,7 @@ import shutil
 import sys
 
 import flax.linen as nn
+import ml_collections
 import numpy as np
 import optax
 import pytest
@@ -24,7 +25,9 @@ from research import (
   schedules,
   steps,
   trained,
+  validate,
 )
+from research import workdir as workdir_lib
 from research.errors import UserError
 from research.run import setup
 from research.train import train_and_evaluate
@@ -128,8 +131,19 @@ def test_each_kind_of_part_is_handed_its_kind_s_fields_and_its_own_not_the_confi
   assert isinstance(view, fields.View)
   kind_fields = {f.partition(".")[0] for f in fields.KINDS[kind]}
   assert set(view) == kind_fields | declared, set(view) ^ (kind_fields | declared)
-  with pytest.raises(UserError, match=rf"{kind} 'fields_\w+' reads the field 'data_workers'"):
+  outside = rf"{kind} 'fields_\w+' reads the field 'data_workers'"
+  with pytest.raises(UserError, match=outside):
     view.data_workers  # noqa: B018  (a field of the config, not of this part)
+  if kind != "model":  # the others' views are of the config, which holds data_workers
+    # a default never stands in for the config's value: `get`, getattr's and hasattr as well
+    for read in (
+      view.get,
+      lambda name, d: getattr(view, name, d),
+      lambda name, d: hasattr(view, name),
+    ):
+      with pytest.raises(UserError, match=outside):
+        read("data_workers", 0)
+  assert view.get("no_such_field", 7) == 7 and not hasattr(view, "no_such_field")
 
 
 def test_a_run_records_the_fields_its_parts_declared_as_trained(fork_run):
@@ -157,6 +171,11 @@ def test_an_old_workdir_without_today_s_fields_loads_evaluates_predicts_and_fine
   (old / "launches.jsonl").write_text("".join(json.dumps(r) + "\n" for r in launches))
   loaded = trained.load(old)
   assert loaded.config.model.hidden == 4 and loaded.config.batch_norm_statistics == "global"
+  # resumed by today's code with the config it trained with: the same config, no change asked
+  today = ml_collections.ConfigDict(json.loads((workdir / "config.json").read_text()))
+  workdir_lib.check_resumable(old, today, allow_change=False, complete=trained.completed)
+  with pytest.raises(UserError, match="batch_norm_statistics, bonus, extra, .* differ"):
+    workdir_lib.check_resumable(old, today, allow_change=False)  # taken as recorded
   assert loaded.predict(np.zeros((2, 4, 4, 3), np.uint8)).shape == (2, 3)
   assert trained.evaluate(old)["eval_accuracy"] == final["eval_accuracy"]
   assert setup(_fork_config(init_from=str(old)), warm_start=True).warm["taken"] > 0
@@ -295,3 +314,44 @@ def test_a_sweep_of_a_fork_s_declared_float_field_trains_each_point_as_its_singl
   assert mine[0] != other[0]  # the default's point (gamma 2) weighs the same examples otherwise
   point = trained.load(tmp_path / "sweep", point="focal_gamma=2").config
   assert (point.focal_gamma, point.sweep) == (2.0, "")
+
+
+def test_a_sweep_of_a_field_no_part_of_the_step_reads_is_one_error_line():
+  """The fork metric's `bonus`: read by the eval, outside the compiled step, so every point would
+  train alike."""
+  config = _fork_config(sweep="bonus=0.5,1.0")
+  configuration.complete(config)
+  with pytest.raises(
+    UserError, match=r"sweep: bonus cannot be swept: eval metric 'fields_metric' reads it, outside"
+  ):
+    validate.train_config(config, 8)
+
+
+def test_a_group_s_train_fraction_is_set_on_the_command_line_where_the_group_leaves_it():
+  config = configuration.load("configs/cifar_speedrun.py:smoke")
+  assert "train_fraction" not in config.param_groups.norm_biases
+  configuration.resolve(config, [("param_groups.norm_biases.train_fraction", "0.5")])
+  assert config.param_groups.norm_biases.train_fraction == 0.5
+
+
+def test_a_metric_called_with_arguments_its_signature_does_not_take_is_one_error_line():
+  from tests import guide
+
+  with guide.registered():
+    metrics.register("declares_but_takes_two", fields={"cutoff": 0.5})(
+      lambda logits, labels: logits.argmax(-1) == labels
+    )
+    with pytest.raises(UserError, match=r"is called as metric\(logits, labels, fields\)"):
+      metrics.bound("declares_but_takes_two", {})
+
+
+def test_a_part_cannot_declare_the_model_s_sub_config():
+  with pytest.raises(UserError, match="'model' is the library's own field"):
+    losses.register("mine", fields={"model": {}})
+
+
+def test_a_field_of_a_part_whose_module_is_not_named_says_so():
+  """--config.loss=focal --config.focal_gamma=1 with the fork's module left out."""
+  config = configuration.load("configs/cifar_keras_cnn.py:smoke")
+  with pytest.raises(UserError, match=r"loss 'not_imported' is not registered: is the module"):
+    configuration.resolve(config, [("loss", "not_imported"), ("not_imported_gamma", "1.0")])
