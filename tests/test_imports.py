@@ -21,17 +21,23 @@ def _imports() -> dict[str, set[str]]:
   """{module: the project modules it imports}, every import statement counted (inside
   functions too), `from package import name` resolved to the submodule where there is one."""
   modules = {_module_name(p): p for layer in LAYERS for p in (ROOT / layer).rglob("*.py")}
-  graph = {}
-  for name, path in modules.items():
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-      if isinstance(node, ast.Import):
-        found.update(alias.name for alias in node.names)
-      elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-        found.add(node.module)
-        found.update(f"{node.module}.{alias.name}" for alias in node.names)
-    graph[name] = {m for m in found if m in modules and m != name}
-  return graph
+  return {
+    name: {m for m in _named_imports(path) if m in modules and m != name}
+    for name, path in modules.items()
+  }
+
+
+def _named_imports(path) -> set[str]:
+  """The modules the file `path` imports anywhere in it, and `module.name` for each `from
+  module import name` (a submodule where there is one)."""
+  found = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Import):
+      found.update(alias.name for alias in node.names)
+    elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+      found.add(node.module)
+      found.update(f"{node.module}.{alias.name}" for alias in node.names)
+  return found
 
 
 def test_the_training_library_never_imports_the_tools():
@@ -159,11 +165,6 @@ def _imports_of(layers, targets) -> dict[str, set[str]]:
   found = {}
   for layer in layers:
     for path in (ROOT / layer).rglob("*.py"):
-      names = set()
-      for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-          names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-          names.add(node.module)
+      names = _named_imports(path)
       found[_module_name(path)] = {n for n in names if n.split(".")[0] in targets}
   return found
