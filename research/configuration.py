@@ -199,17 +199,12 @@ def _unknown(config) -> str:
   """ " (loss 'focal' is not registered: ...)" for the first part `config` names that nothing
   registered, whose fields are unknown for that reason; else "". (Datasets aside: the built-in
   folders and TFDS names are not registered parts.)"""
-  for field, registry in _registries().items():
-    if registry.kind == "dataset":
-      continue
-    node, leaf = (config.get("model"), "name") if field == "model.name" else (config, field)
-    value = node.get(leaf) if isinstance(node, ml_collections.ConfigDict) else None
-    for name in value if isinstance(value, tuple | list) else (value,):
-      if isinstance(name, str) and name and name not in registry.parts:
-        return (
-          f" ({registry.kind} {name!r} is not registered: is the module that registers it "
-          "in --config.modules?)"
-        )
+  for registry, name in _names(config):
+    if registry.kind != "dataset" and name not in registry.parts:
+      return (
+        f" ({registry.kind} {name!r} is not registered: is the module that registers it "
+        "in --config.modules?)"
+      )
   return ""
 
 
@@ -234,17 +229,20 @@ def _registries() -> dict:
   }
 
 
-def named(config) -> list:
-  """[(registry, name)] of the registered parts `config` names (at the top level: a model's
-  fields are its sub-config's, a group's optimizer's and schedule's the group's)."""
-  parts = []
+def _names(config):
+  """(registry, name) of each part `config` names, registered or not (at the top level: a
+  model's fields are its sub-config's, a group's optimizer's and schedule's the group's)."""
   for field, registry in _registries().items():
     node, leaf = (config.get("model"), "name") if field == "model.name" else (config, field)
     value = node.get(leaf) if isinstance(node, ml_collections.ConfigDict) else None
     for name in value if isinstance(value, tuple | list) else (value,):
-      if isinstance(name, str) and name in registry.parts:
-        parts.append((registry, name))
-  return parts
+      if isinstance(name, str) and name:
+        yield registry, name
+
+
+def named(config) -> list:
+  """[(registry, name)] of the registered parts `config` names (`_names`)."""
+  return [(registry, name) for registry, name in _names(config) if name in registry.parts]
 
 
 def complete(config: ml_collections.ConfigDict) -> None:
@@ -294,9 +292,11 @@ def _declared_default(config, path: str):
     if leaf in fields_lib.GROUP_DEFAULTS:
       return fields_lib.GROUP_DEFAULTS[leaf]
     path = f"param_groups.*.{leaf}"
+  if path not in owners():
+    return MISSING
   for registry in _registries().values():
     for declared in registry.fields.values():
-      if leaf in declared and path in owners():
+      if leaf in declared:
         return declared[leaf]
   return MISSING
 

@@ -297,17 +297,24 @@ class View:
       elif isinstance(mine[name], View):
         mine[name] = mine[name].with_values({rest: value})
       elif isinstance(mine[name], ml_collections.ConfigDict):  # a dict takes a traced value
-        tree = mine[name].to_dict()
-        *parents, leaf = rest.split(".")
-        node = tree
-        for parent in parents:
-          node = node[parent]
-        node[leaf] = value
-        mine[name] = ml_collections.ConfigDict(tree)
+        mine[name] = with_values(mine[name], {rest: value})
     return View(mine, self._part, self._kind_fields, self._declared, self._register)
 
   def __repr__(self) -> str:
     return f"View({self._part}: {self._values!r})"
+
+
+def with_values(source: ml_collections.ConfigDict, values: dict) -> ml_collections.ConfigDict:
+  """A copy of `source` (a config, a group's fields) whose fields at the paths of `values`
+  ({dotted path: value}) hold those values."""
+  tree = source.to_dict()
+  for path, value in values.items():
+    *parents, name = path.split(".")
+    node = tree
+    for parent in parents:
+      node = node[parent]
+    node[name] = value
+  return ml_collections.ConfigDict(tree)
 
 
 def nearest(name: str, names) -> str:

@@ -17,7 +17,7 @@ import numpy as np
 
 from research import optim
 from research.errors import UserError
-from research.fields import for_module
+from research.fields import for_module, with_values
 
 EXAMPLE = "--config.sweep='learning_rate=0.01,0.03,0.1;weight_decay=0,5e-4'"
 # Fields whose 0 switches a part off rather than multiplying by 0: a point at 0 would differ
@@ -55,19 +55,6 @@ def hyper_values(config: ml_collections.ConfigDict) -> dict:
   for name, group in config.param_groups.items():
     values |= {f"param_groups.{name}.{k}": v for k, v in group.items() if taken(k, v)}
   return values
-
-
-def with_values(config: ml_collections.ConfigDict, values: dict) -> ml_collections.ConfigDict:
-  """A copy of `config` whose fields named in `values` (hyper_values' paths) hold those
-  values."""
-  tree = config.to_dict()
-  for path, value in values.items():
-    *parents, name = path.split(".")
-    node = tree
-    for parent in parents:
-      node = node[parent]
-    node[name] = value
-  return ml_collections.ConfigDict(tree)
 
 
 class Point(NamedTuple):

@@ -466,11 +466,10 @@ def check_warm_start(fields, augment, model) -> Source:
   step, saved = checkpoint.read(workdir, step)
   saved, point = _source_seed(fields, workdir, saved)
   saved = {**saved, "params": used_params(saved)}  # the EMA's weights, where the run kept one
-  size = stored_size(fields)  # the model's input is made from stored examples of this side
-  shape = (size, size, 3)
-  recorded = workdir_lib.last_recorded(workdir, "example_shape")
-  if recorded and stored_shape(fields) is None:  # arrays not loaded yet: the source's shape
-    shape = tuple(recorded)
+  shape = stored_shape(fields)  # the model's input is made from stored examples of this shape
+  if shape is None:  # a registered dataset's arrays, not loaded yet: the source's shape
+    recorded = workdir_lib.last_recorded(workdir, "example_shape")
+    shape = tuple(recorded) if recorded else (stored_size(fields), stored_size(fields), 3)
   example = jax.ShapeDtypeStruct((1, *shape), jnp.uint8)
   images = jax.eval_shape(augment, jax.random.key(0), example)
   init = lambda x: model.init(jax.random.key(0), x, **models.mode(model, False))

@@ -23,10 +23,10 @@ import functools
 
 import flax.linen as nn
 import jax.numpy as jnp
-import ml_collections
 
 from research import models
 from research.errors import UserError
+from research.fields import View
 
 
 class ConvBN(nn.Module):
@@ -203,7 +203,7 @@ class InceptionV3(nn.Module):
     "blocks": (3, 4, 2),
   },
 )
-def create(model_config: ml_collections.ConfigDict, axis_name: str | None) -> nn.Module:
+def create(model_config: View, axis_name: str | None) -> nn.Module:
   return InceptionV3(
     num_classes=model_config.num_classes,
     aux_logits=model_config.aux_logits,

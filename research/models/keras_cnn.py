@@ -7,10 +7,10 @@ model_config fields: `num_classes`, `dtype`. No BatchNorm, so `axis_name` is unu
 
 import flax.linen as nn
 import jax.numpy as jnp
-import ml_collections
 
 from research import models
 from research.cpu_forms import max_pool  # nn.max_pool, its gradient faster on CPU
+from research.fields import View
 
 
 class KerasCNN(nn.Module):
@@ -32,6 +32,6 @@ class KerasCNN(nn.Module):
 
 
 @models.register("keras_cnn")
-def create(model_config: ml_collections.ConfigDict, axis_name: str | None) -> nn.Module:
+def create(model_config: View, axis_name: str | None) -> nn.Module:
   del axis_name  # no BatchNorm
   return KerasCNN(num_classes=model_config.num_classes, dtype=jnp.dtype(model_config.dtype))

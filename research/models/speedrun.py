@@ -21,13 +21,13 @@ import functools
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 from jax import lax
 
 from research import models
 from research.cpu_forms import max_pool  # nn.max_pool, its gradient faster on CPU
 from research.errors import UserError
+from research.fields import View
 
 WHITEN = 2  # pixels per side of the whitening patches
 
@@ -157,7 +157,7 @@ def init_from_data(model_config, params, statistics):
     "norm_momentum": 0.6,
   },
 )
-def create(model_config: ml_collections.ConfigDict, axis_name: str | None) -> nn.Module:
+def create(model_config: View, axis_name: str | None) -> nn.Module:
   activation = model_config.activation
   if activation not in ACTIVATIONS:
     raise UserError(

@@ -9,11 +9,11 @@ import functools
 
 import flax.linen as nn
 import jax.numpy as jnp
-import ml_collections
 
 from research import models
 from research.cpu_forms import max_pool  # nn.max_pool, its gradient faster on CPU
 from research.errors import UserError
+from research.fields import View
 
 # Channels per conv; "M" is a 2×2 max-pool. Five pools take 32×32 down to 1×1.
 STAGES = {
@@ -55,7 +55,7 @@ class VGG(nn.Module):
 
 
 @models.register("vgg", fields={"depth": 16, "width": 1.0})
-def create(model_config: ml_collections.ConfigDict, axis_name: str | None) -> nn.Module:
+def create(model_config: View, axis_name: str | None) -> nn.Module:
   if model_config.depth not in STAGES:
     raise UserError(f"model.depth={model_config.depth} is not one of {sorted(STAGES)}")
   return VGG(
