@@ -10,10 +10,10 @@ its own with `@research.losses.register("name", fields={...})` in a module of
 The eval reports cross-entropy whatever the training loss is, and its record says so.
 """
 
-import jax.numpy as jnp
 import optax
 
 from research.fields import KINDS
+from research.models import at_least_float32
 from research.registry import Registry
 
 LOSSES = Registry("loss", "loss", "research.losses")
@@ -27,11 +27,11 @@ def reads(name: str) -> tuple:
 
 @register("cross_entropy")
 def cross_entropy(logits, targets, intermediates, fields):
-  """Softmax cross-entropy per example in float32, against the targets smoothed by
-  `fields.label_smoothing`."""
+  """Softmax cross-entropy per example in at least float32 (float64 for float64 logits),
+  against the targets smoothed by `fields.label_smoothing`."""
   del intermediates  # what other losses may use
   smoothed = optax.smooth_labels(targets, fields.label_smoothing)
-  return optax.softmax_cross_entropy(logits.astype(jnp.float32), smoothed)
+  return optax.softmax_cross_entropy(logits.astype(at_least_float32(logits)), smoothed)
 
 
 @register("auxiliary_cross_entropy")

@@ -357,17 +357,18 @@ def augmented_examples(step, batch, *, gather, augment, count: int):
 
 
 def eval_logits(state, images_u8, sizes=None, *, preprocess, mask=None):
-  """(logits, the first view's logits) [batch, classes] in float32 of the model in eval mode
-  on `images_u8` through `preprocess`; with views (`preprocess.weights`) the logits are the
-  views' weighted mean, else both are the same; with `preprocess.uncertain` < 1 the views only
-  for that share of this batch (this device's part of it), the examples the first view is
-  least confident of, real ones (`mask` 1) before padding. `state` has params, batch_stats,
-  apply_fn."""
+  """(logits, the first view's logits) [batch, classes], at least float32, of the model in
+  eval mode on `images_u8` through `preprocess`; with views (`preprocess.weights`) the logits
+  are the views' weighted mean, else both are the same; with `preprocess.uncertain` < 1 the
+  views only for that share of this batch (this device's part of it), the examples the first
+  view is least confident of, real ones (`mask` 1) before padding. `state` has params,
+  batch_stats, apply_fn."""
   images = preprocess(jax.random.key(0), images_u8, sizes)  # deterministic ops only
 
   def apply(x):
     variables = {"params": state.params, "batch_stats": state.batch_stats}
-    return state.apply_fn(variables, x, train=False).astype(jnp.float32)
+    logits = state.apply_fn(variables, x, train=False)
+    return logits.astype(models.at_least_float32(logits))
 
   if not preprocess.weights:
     logits = apply(images)
@@ -405,15 +406,21 @@ def eval_sums(state, images_u8, labels, mask, sizes=None, *, preprocess, metrics
     sums["correct_first_view"] = jnp.sum((first_view.argmax(-1) == labels) * mask)
   for name, _, metric in metrics:
     per_example = metric(logits, labels)  # [batch, ...]
-    sums[f"metric/{name}"] = jnp.tensordot(mask, per_example.astype(jnp.float32), 1)
+    sums[f"metric/{name}"] = jnp.tensordot(mask, per_example.astype(sums_dtype()), 1)
   return sums
 
 
 def zero_totals(preprocess, metrics=()):
   """Eval totals before the first batch: the structure `eval_sums` returns, all zeros."""
   names = ("loss_sum", "correct", "count") + (("correct_first_view",) if preprocess.weights else ())
-  totals = {name: jnp.float32(0) for name in names}
-  return totals | {f"metric/{name}": jnp.zeros(shape, jnp.float32) for name, shape, _ in metrics}
+  totals = {name: jnp.zeros((), sums_dtype()) for name in names}
+  return totals | {f"metric/{name}": jnp.zeros(shape, sums_dtype()) for name, shape, _ in metrics}
+
+
+def sums_dtype() -> jnp.dtype:
+  """What eval sums are kept in: float32, or float64 where JAX's 64-bit types are on (a float64
+  model's run, research/models/__init__.py)."""
+  return jnp.dtype(jax.dtypes.canonicalize_dtype(jnp.float64))
 
 
 def axis_checked(step, name: str):

@@ -31,7 +31,8 @@ from research.data import PLACEMENTS, check_num_classes
 from research.errors import UserError
 from research.fields import for_module
 
-DTYPES = ("float32", "bfloat16", "float16")
+# float64 (with JAX's 64-bit types on) is for the suite's equivalence checks (docs/testing.md)
+DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 # (field, smallest allowed value): integer fields whose lower bound is not obvious from use.
 INT_FIELDS = (
@@ -215,10 +216,18 @@ def _numbers(config) -> None:
       f"num_epochs={config.num_epochs} with num_train_steps={config.num_train_steps} trains "
       "nothing; set num_epochs >= 1 or num_train_steps > 0"
     )
-  aliases = {"bf16": "bfloat16", "fp16": "float16", "f16": "float16", "fp32": "float32"}
-  if config.model.dtype not in DTYPES:
-    hint = f"; say {aliases[config.model.dtype]!r}" if config.model.dtype in aliases else ""
-    raise UserError(f"model.dtype={config.model.dtype!r} is not one of {', '.join(DTYPES)}{hint}")
+  aliases = {
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "f16": "float16",
+    "fp32": "float32",
+    "fp64": "float64",
+  }
+  for field in ("dtype", *(["param_dtype"] if "param_dtype" in config.model else [])):
+    dtype = config.model[field]
+    if dtype not in DTYPES:
+      hint = f"; say {aliases[dtype]!r}" if dtype in aliases else ""
+      raise UserError(f"model.{field}={dtype!r} is not one of {', '.join(DTYPES)}{hint}")
   _in_ranges(config.model, [r for r in MODEL_RANGES if r[0] in config.model], "model.")
   profile = tuple(config.profile_steps)
   if profile and not (

@@ -157,3 +157,13 @@ def guide_module(tmp_path):
 
   with guide.registered():
     yield lambda path: guide.module(path, tmp_path)
+
+
+@pytest.fixture
+def x64():
+  """JAX's 64-bit types on for the test (tests/float64.py): a float64 run's state, or a run's
+  workdir trained in float64, is used."""
+  from tests import float64
+
+  with float64.on():
+    yield

@@ -257,21 +257,6 @@ def test_a_run_started_with_sigint_ignored_keeps_ignoring_it_and_stops_on_sigter
   assert "Ctrl-C" not in result.stderr and "SIGTERM: finishing this step" in result.stderr
 
 
-@pytest.mark.rounding
-def test_checkpoint_from_8_devices_restores_the_same_state_on_1(uninterrupted_workdir, tmp_path):
-  shutil.copytree(uninterrupted_workdir, tmp_path, dirs_exist_ok=True)
-  saved_eval = _records(tmp_path)[-1]
-  # Resumed at its last step, the run only evaluates: the restored parameters and BatchNorm
-  # statistics, evaluated on fewer devices, give the 8-device evaluation.
-  output = _finish(_start(tmp_path, devices=1))
-  assert "resumed from the checkpoint at step 14" in output and "| 1 device (cpu)" in output
-  assert "the launch before this one ran on 8 devices, this one on 1" in output
-  restored_eval = _records(tmp_path)[-1]
-  assert restored_eval["eval_examples"] == saved_eval["eval_examples"]
-  np.testing.assert_allclose(restored_eval["eval_loss"], saved_eval["eval_loss"], rtol=1e-5)
-  assert restored_eval["eval_accuracy"] == saved_eval["eval_accuracy"]
-
-
 def test_resuming_with_fewer_steps_than_the_checkpoint_is_an_error(uninterrupted_workdir, tmp_path):
   shutil.copytree(uninterrupted_workdir, tmp_path, dirs_exist_ok=True)
   records = (tmp_path / "metrics.jsonl").read_text()

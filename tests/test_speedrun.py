@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from research import augment, configuration, cpu_forms, optim, steps, train, validate
+from research import augment, configuration, cpu_forms, models, optim, steps, train, validate
 from research.errors import UserError
 from research.models import speedrun
 from research.placement import first_replica, replicate
@@ -144,7 +144,8 @@ def test_the_whitening_in_float32_on_the_device_is_the_float64_one_to_1e_4():
   images = jax.jit(preprocess)(jax.random.key(0), images_u8)
   statistics = jax.device_get(jax.jit(functools.partial(speedrun.data_statistics, None))(images))
   params = {"whiten": {"kernel": None, "bias": None}}
-  kernel = speedrun.init_from_data(config.model, params, statistics)["whiten"]["kernel"]
+  view = models.fields(config.model)
+  kernel = speedrun.init_from_data(view, params, statistics)["whiten"]["kernel"]
 
   patches = np.lib.stride_tricks.sliding_window_view(np.asarray(images), (2, 2), axis=(1, 2))
   patches = patches.transpose(0, 1, 2, 4, 5, 3).reshape(-1, 12).astype(np.float64)

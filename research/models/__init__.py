@@ -33,6 +33,7 @@ from collections.abc import Callable
 import flax
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
@@ -59,8 +60,9 @@ def fields(model_config) -> View:
 def create(model_config, axis_name: str | None) -> nn.Module:
   """The flax module of the model registered as `model_config.name` (given its `fields`); a
   user error for a model the step cannot call: its `__call__` must take the images, and at
-  most its mode besides."""
+  most its mode besides, or for a float64 model where JAX's 64-bit types are off."""
   name = model_config.name
+  check_float64(model_config)
   module = MODELS.get(name)(fields(model_config), axis_name)
   if isinstance(module, type) and issubclass(module, nnx.Module):
     module = FromNnx(module, axis_name=axis_name)  # an NNX class, as flax's examples write one
@@ -85,6 +87,26 @@ def create(model_config, axis_name: str | None) -> nn.Module:
       f"from create() {ADAPTER} (docs/extending.md)"
     )
   return module
+
+
+def check_float64(model_config) -> None:
+  """A user error for a model in float64 (`dtype` or `param_dtype`) while JAX's 64-bit types
+  are off: JAX would make its arrays float32 without a word. float64 is for checking that two
+  orders of one computation agree (docs/testing.md), not for training speed."""
+  asked = [
+    f"model.{f}=float64" for f in ("dtype", "param_dtype") if model_config.get(f) == "float64"
+  ]
+  if asked and not jax.config.jax_enable_x64:
+    raise UserError(
+      f"{' and '.join(asked)} needs JAX's 64-bit types, which are off: run with "
+      "JAX_ENABLE_X64=1 in the environment (or jax.config.update('jax_enable_x64', True))"
+    )
+
+
+def at_least_float32(x) -> jnp.dtype:
+  """`x`'s dtype, or float32 where it is narrower (bfloat16): what logits, losses and eval sums
+  are kept in; a float64 model's stay float64."""
+  return jnp.promote_types(x.dtype, jnp.float32)
 
 
 class FromNnx(nn.Module):

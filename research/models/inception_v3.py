@@ -8,15 +8,15 @@ without scale (epsilon 1e-3) and ReLU. At 1000 classes without the auxiliary hea
 Keras' 23,817,352 trainable parameters and 34,432 BatchNorm statistics.
 
 model_config fields:
-  num_classes; dtype ('float32' | 'bfloat16': compute dtype — params and BatchNorm statistics
-  stay float32, logits are returned in float32); aux_logits (the auxiliary classifier on the
-  17×17 features, as in TF-slim; in training its logits are sown as `intermediates`
-  `auxiliary_logits`, and the loss `auxiliary_cross_entropy` adds their cross-entropy
-  weighted by the config's `aux_loss_weight`, 0.4 in the reference); dropout_rate (0.2 =
-  slim's keep probability 0.8); bn_momentum (0.9997 as slim; Keras uses 0.99); width
-  (channel multiplier, 1.0 = the reference; smaller only for tests); blocks (how many
-  Inception-A, -B and -C blocks: (3, 4, 2) is the reference; fewer, each type still present,
-  only for tests).
+  num_classes; dtype ('float32' | 'bfloat16': compute dtype; logits are returned in at least
+  float32); param_dtype (params and BatchNorm statistics: 'float32'); aux_logits (the
+  auxiliary classifier on the 17×17 features, as in TF-slim; in training its logits are sown
+  as `intermediates` `auxiliary_logits`, and the loss `auxiliary_cross_entropy` adds their
+  cross-entropy weighted by the config's `aux_loss_weight`, 0.4 in the reference);
+  dropout_rate (0.2 = slim's keep probability 0.8); bn_momentum (0.9997 as slim; Keras uses
+  0.99); width (channel multiplier, 1.0 = the reference; smaller only for tests); blocks (how
+  many Inception-A, -B and -C blocks: (3, 4, 2) is the reference; fewer, each type still
+  present, only for tests).
 """
 
 import functools
@@ -37,6 +37,7 @@ class ConvBN(nn.Module):
   strides: int = 1
   padding: str = "SAME"
   norm: functools.partial = None
+  param_dtype: jnp.dtype = jnp.float32
 
   @nn.compact
   def __call__(self, x):
@@ -47,6 +48,7 @@ class ConvBN(nn.Module):
       padding=self.padding,
       use_bias=False,
       dtype=x.dtype,
+      param_dtype=self.param_dtype,
     )(x)
     return nn.relu(self.norm()(x))
 
@@ -72,11 +74,12 @@ class InceptionV3(nn.Module):
   blocks: tuple[int, int, int] = REFERENCE_BLOCKS
   axis_name: str | None = None
   dtype: jnp.dtype = jnp.float32
+  param_dtype: jnp.dtype = jnp.float32
 
   def _conv(self, norm):
     def conv(x, features, kernel, strides=1, padding="SAME", name=None):
       features = max(1, round(features * self.width))
-      return ConvBN(features, kernel, strides, padding, norm, name=name)(x)
+      return ConvBN(features, kernel, strides, padding, norm, self.param_dtype, name=name)(x)
 
     return conv
 
@@ -90,6 +93,8 @@ class InceptionV3(nn.Module):
       use_scale=False,
       axis_name=self.axis_name,  # statistics averaged over all replicas
       dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      force_float32_reductions=self.param_dtype != jnp.float64,  # float64 params: float64 stats
     )
     conv = self._conv(norm)
     blocks = tuple(self.blocks)
@@ -153,7 +158,10 @@ class InceptionV3(nn.Module):
       aux = nn.avg_pool(x, (5, 5), strides=(3, 3), padding="VALID")  # 17 → 5
       aux = conv(aux, 128, (1, 1), name="aux_conv0")
       aux = conv(aux, 768, aux.shape[1:3], padding="VALID", name="aux_conv1")  # 5×5 → 1×1
-      aux = nn.Dense(self.num_classes, dtype=self.dtype, name="aux_logits")(aux.mean((1, 2)))
+      aux_head = nn.Dense(
+        self.num_classes, dtype=self.dtype, param_dtype=self.param_dtype, name="aux_logits"
+      )
+      aux = aux_head(aux.mean((1, 2)))
 
     x = jnp.concatenate(  # mixed8: grid reduction 17 → 8
       [
@@ -187,10 +195,13 @@ class InceptionV3(nn.Module):
 
     x = x.mean(axis=(1, 2))  # global average pool: [batch, 2048]
     x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
-    logits = nn.Dense(self.num_classes, dtype=self.dtype, name="logits")(x).astype(jnp.float32)
+    logits = nn.Dense(
+      self.num_classes, dtype=self.dtype, param_dtype=self.param_dtype, name="logits"
+    )(x)
+    at_least_float32 = jnp.promote_types(logits.dtype, jnp.float32)
     if train and aux is not None:  # for `loss`, below
-      self.sow("intermediates", "auxiliary_logits", aux.astype(jnp.float32))
-    return logits
+      self.sow("intermediates", "auxiliary_logits", aux.astype(at_least_float32))
+    return logits.astype(at_least_float32)
 
 
 @models.register(
@@ -201,6 +212,7 @@ class InceptionV3(nn.Module):
     "bn_momentum": 0.9997,
     "width": 1.0,
     "blocks": (3, 4, 2),
+    "param_dtype": "float32",
   },
 )
 def create(model_config: View, axis_name: str | None) -> nn.Module:
@@ -213,4 +225,5 @@ def create(model_config: View, axis_name: str | None) -> nn.Module:
     blocks=tuple(model_config.blocks),
     axis_name=axis_name,
     dtype=jnp.dtype(model_config.dtype),
+    param_dtype=jnp.dtype(model_config.param_dtype),
   )

@@ -11,9 +11,11 @@ their first `in` filters (Dirac), the rest as PyTorch initialises them; BatchNor
 
 model_config fields: num_classes; widths (the three groups' channels); whiten_eps (added to
 the patch covariance's eigenvalues); init_examples (from how many training images, a random
-sample, the whitening is computed); dtype ('float32' | 'bfloat16' compute: parameters and
-BatchNorm statistics stay float32, logits are float32); activation, norm_momentum. Each declared
-with its default (`register(..., fields=)`): runs recorded before a field was have it so.
+sample, the whitening is computed); dtype ('float32' | 'bfloat16' compute; logits are at least
+float32); param_dtype (parameters and BatchNorm statistics: 'float32'; 'float64' with dtype
+'float64' for the suite's equivalence checks, docs/testing.md); activation, norm_momentum.
+Each declared with its default (`register(..., fields=)`): runs recorded before a field was
+have it so.
 """
 
 import functools
@@ -60,12 +62,19 @@ class ConvGroup(nn.Module):
   features: int
   norm: functools.partial
   dtype: jnp.dtype
+  param_dtype: jnp.dtype
   activation: str = "gelu"
 
   @nn.compact
   def __call__(self, x):
     conv = functools.partial(
-      nn.Conv, self.features, (3, 3), use_bias=False, kernel_init=dirac_init, dtype=self.dtype
+      nn.Conv,
+      self.features,
+      (3, 3),
+      use_bias=False,
+      kernel_init=dirac_init,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
     )
     act = ACTIVATIONS[self.activation]
     x = max_pool(conv(name="conv1")(x), 2)
@@ -78,6 +87,7 @@ class SpeedrunNet(nn.Module):
   widths: tuple
   axis_name: str | None = None
   dtype: jnp.dtype = jnp.float32
+  param_dtype: jnp.dtype = jnp.float32
   activation: str = "gelu"  # the conv groups' (ACTIVATIONS); after the whitening, GELU
   norm_momentum: float = 0.6  # what BatchNorm's running averages keep of themselves a step
 
@@ -91,6 +101,8 @@ class SpeedrunNet(nn.Module):
       use_scale=False,
       axis_name=self.axis_name,  # statistics over the global batch
       dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      force_float32_reductions=self.param_dtype != jnp.float64,  # float64 params: float64 stats
     )
     channels = 2 * x.shape[-1] * WHITEN**2  # each eigenvector and its negative
     fan_in = x.shape[-1] * WHITEN**2
@@ -100,16 +112,25 @@ class SpeedrunNet(nn.Module):
       padding="VALID",
       bias_init=lambda key, shape, dtype: _torch_uniform(key, shape, dtype, fan_in),
       dtype=self.dtype,
+      param_dtype=self.param_dtype,
       name="whiten",
     )
     x = nn.gelu(whiten(x.astype(self.dtype)), approximate=False)  # [batch, 31, 31, 24]
     for i, width in enumerate(self.widths):  # 31 → 15 → 7 → 3 pixels
-      x = ConvGroup(width, norm, self.dtype, self.activation, name=f"group{i + 1}")(x)
+      x = ConvGroup(
+        width, norm, self.dtype, self.param_dtype, self.activation, name=f"group{i + 1}"
+      )(x)
     x = max_pool(x, 3).reshape(x.shape[0], -1)  # [batch, widths[-1]]
     head = nn.Dense(
-      self.num_classes, use_bias=False, kernel_init=unit_std_init, dtype=self.dtype, name="head"
+      self.num_classes,
+      use_bias=False,
+      kernel_init=unit_std_init,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      name="head",
     )
-    return (head(x) / x.shape[-1]).astype(jnp.float32)
+    logits = head(x) / x.shape[-1]
+    return logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
 
 
 def data_statistics(model_config, images):
@@ -143,7 +164,7 @@ def init_from_data(model_config, params, statistics):
   eigenvalues, eigenvectors = np.linalg.eigh(covariance)
   scaled = eigenvectors / np.sqrt(eigenvalues + model_config.whiten_eps)  # a filter per column
   kernel = np.concatenate([scaled, -scaled], axis=1).reshape(WHITEN, WHITEN, channels, -1)
-  whiten = {**params["whiten"], "kernel": jnp.asarray(kernel, jnp.float32)}
+  whiten = {**params["whiten"], "kernel": jnp.asarray(kernel, model_config.param_dtype)}
   return {**params, "whiten": whiten}
 
 
@@ -155,6 +176,7 @@ def init_from_data(model_config, params, statistics):
     "init_examples": 5000,
     "activation": "gelu",
     "norm_momentum": 0.6,
+    "param_dtype": "float32",
   },
 )
 def create(model_config: View, axis_name: str | None) -> nn.Module:
@@ -168,6 +190,7 @@ def create(model_config: View, axis_name: str | None) -> nn.Module:
     widths=tuple(model_config.widths),
     axis_name=axis_name,
     dtype=jnp.dtype(model_config.dtype),
+    param_dtype=jnp.dtype(model_config.param_dtype),
     activation=activation,
     norm_momentum=model_config.norm_momentum,
   )

@@ -2,7 +2,8 @@
 
 model_config fields: `depth` (11, 13, 16 or 19: the VGG paper's configurations A, B, D, E),
 `width` (multiplies every conv's channels; 1.0 = 64…512), `num_classes`, `dtype`
-('float32' or 'bfloat16' compute; params and BatchNorm statistics stay float32).
+('float32' or 'bfloat16' compute), `param_dtype` (params and BatchNorm statistics: 'float32';
+'float64' with dtype 'float64' for the suite's equivalence checks, docs/testing.md).
 """
 
 import functools
@@ -31,6 +32,7 @@ class VGG(nn.Module):
   num_classes: int
   axis_name: str | None = None
   dtype: jnp.dtype = jnp.float32
+  param_dtype: jnp.dtype = jnp.float32
 
   @nn.compact
   def __call__(self, x, train: bool):
@@ -41,6 +43,8 @@ class VGG(nn.Module):
       epsilon=1e-5,
       axis_name=self.axis_name,  # batch statistics are averaged over all replicas
       dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      force_float32_reductions=self.param_dtype != jnp.float64,  # float64 params: float64 stats
     )
     x = x.astype(self.dtype)
     for layer in STAGES[self.depth]:
@@ -48,13 +52,15 @@ class VGG(nn.Module):
         x = max_pool(x, 2)
       else:
         features = max(1, round(layer * self.width))
-        x = nn.Conv(features, (3, 3), use_bias=False, dtype=self.dtype)(x)
-        x = nn.relu(norm()(x))
+        conv = nn.Conv(
+          features, (3, 3), use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype
+        )
+        x = nn.relu(norm()(conv(x)))
     x = x.reshape((x.shape[0], -1))  # [batch, channels]
-    return nn.Dense(self.num_classes, dtype=self.dtype)(x)
+    return nn.Dense(self.num_classes, dtype=self.dtype, param_dtype=self.param_dtype)(x)
 
 
-@models.register("vgg", fields={"depth": 16, "width": 1.0})
+@models.register("vgg", fields={"depth": 16, "width": 1.0, "param_dtype": "float32"})
 def create(model_config: View, axis_name: str | None) -> nn.Module:
   if model_config.depth not in STAGES:
     raise UserError(f"model.depth={model_config.depth} is not one of {sorted(STAGES)}")
@@ -64,4 +70,5 @@ def create(model_config: View, axis_name: str | None) -> nn.Module:
     num_classes=model_config.num_classes,
     axis_name=axis_name,
     dtype=jnp.dtype(model_config.dtype),
+    param_dtype=jnp.dtype(model_config.param_dtype),
   )

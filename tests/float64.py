@@ -1,0 +1,72 @@
+"""Two orders of one computation (N devices against 1, two processes against one, micro-batches
+against the whole batch, a sweep's point or a seed against its single run) compared where float
+rounding cannot reach the bound: in float64 end to end (docs/testing.md). The models compute
+in float64 and keep their parameters in it, so do BatchNorm's statistics and the optimizer's
+state, which follow the parameters; the images come from the same float32 augmentation, the
+same pixels on any device count."""
+
+import contextlib
+import os
+
+import jax
+import numpy as np
+
+from research import configuration
+
+# The model sub-config's fields of a float64 run (research/models/__init__.py needs JAX's
+# 64-bit types on for them: `on`).
+FIELDS = {"model.dtype": "float64", "model.param_dtype": "float64"}
+# The bound on a compared result's relative difference (`difference`). float64 rounds by
+# u = 1.1e-16 a sum; training amplifies it as it does float32's (docs/long_runs.md: some 1e4
+# over a few steps), to about 1e-12 at most. The errors these tests exist to catch (an example
+# left out, one device's gradient where all devices' mean belongs) move the results by 1e-4 and
+# more. Each test's comment gives the largest difference measured on both of XLA's CPU kernel
+# sets and what its mutation moved.
+RTOL = 1e-8
+
+
+@contextlib.contextmanager
+def on():
+  """JAX's 64-bit types on for the block, in every thread of this process and in the processes
+  it starts (JAX_ENABLE_X64=1, as a user runs a float64 config)."""
+  before, variable = jax.config.jax_enable_x64, os.environ.get("JAX_ENABLE_X64")
+  jax.config.update("jax_enable_x64", True)
+  os.environ["JAX_ENABLE_X64"] = "1"
+  try:
+    yield
+  finally:
+    jax.config.update("jax_enable_x64", before)
+    if variable is None:
+      os.environ.pop("JAX_ENABLE_X64")
+    else:
+      os.environ["JAX_ENABLE_X64"] = variable
+
+
+def config(spec: str):
+  """The config `spec` names, in float64 (`FIELDS`), its parts' fields added."""
+  loaded = configuration.load(spec)
+  configuration.resolve(loaded, list(FIELDS.items()))
+  return loaded
+
+
+def difference(a, b, start=None) -> float:
+  """How far `a` is from `b`, relative: |a - b| / |b| over every leaf of two pytrees (or
+  numbers) at once, or / |b - start| for parameters after steps from `start` (the update's
+  size, not the parameters'). Where RESEARCH_DIFFERENCES names a file, each is appended to it
+  with the test's name: how the comments' numbers were measured."""
+  flat = lambda tree: np.concatenate(
+    [np.ravel(np.asarray(x, np.float64)) for x in jax.tree.leaves(tree)]
+  )
+  a, b = flat(a), flat(b)
+  scale = np.linalg.norm(b if start is None else b - flat(start))
+  relative = float(np.linalg.norm(a - b) / scale)
+  if path := os.environ.get("RESEARCH_DIFFERENCES"):
+    with open(path, "a") as f:
+      f.write(f"{os.environ.get('PYTEST_CURRENT_TEST', '?')}\t{relative:.3e}\n")
+  return relative
+
+
+def assert_close(a, b, start=None, what: str = "") -> None:
+  """`a` is `b` to `RTOL` (`difference`)."""
+  relative = difference(a, b, start)
+  assert relative <= RTOL, f"{what} {relative:.3e} apart (relative), more than {RTOL:g}"
