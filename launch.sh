@@ -280,7 +280,7 @@ from_caller() {
 case $1 in
   test)
     shift
-    # XLA_FLAGS given here are kept (.ci/run reruns the rounding tests on other kernels).
+    # XLA_FLAGS given here are kept (another CPU kernel set, a debugging flag).
     export XLA_FLAGS="${XLA_FLAGS:-} --xla_force_host_platform_device_count=8" JAX_PLATFORMS=cpu
     "$py" -m research.environment  # pytest, ruff and the core packages, or an error: line
     "$py" -m ruff check .

@@ -20,8 +20,7 @@ FIELDS = {"model.dtype": "float64", "model.param_dtype": "float64"}
 # u = 1.1e-16 a sum; training amplifies it as it does float32's (docs/long_runs.md: some 1e4
 # over a few steps), to about 1e-12 at most. The errors these tests exist to catch (an example
 # left out, one device's gradient where all devices' mean belongs) move the results by 1e-4 and
-# more. Each test's comment gives the largest difference measured on both of XLA's CPU kernel
-# sets and what its mutation moved.
+# more. Each test's comment gives the largest difference it measured.
 RTOL = 1e-8
 
 

@@ -31,6 +31,7 @@ from research import workdir as workdir_lib
 from research.errors import UserError
 from research.run import setup
 from research.train import train_and_evaluate
+from tests import float64
 
 SEEN = {}  # kind -> the fields a part of it was handed
 
@@ -286,31 +287,28 @@ def test_a_field_of_a_part_the_run_does_not_name_is_said_not_refused(guide_modul
   ]
 
 
-@pytest.mark.rounding
 def test_a_sweep_of_a_fork_s_declared_float_field_trains_each_point_as_its_single_run(
-  guide_module, tmp_path
+  guide_module, tmp_path, x64
 ):
   """focal_gamma, declared by the guide's focal loss: an argument of the compiled step, each
-  point's losses those of its single run (the sweep's own bound, tests/test_sweep.py). The
-  point off the default (0.5) is compared with its single run, the other with the first: the
-  sweep's machinery for every point is tests/test_sweep.py's; here, that a fork's field is
-  swept at all (one run fewer)."""
-  from tests.test_sweep import POINT_LOSS_RTOL
-
+  point's losses those of its single run, in float64 (the sweep's own bound and measurements,
+  tests/test_sweep.py). The point off the default (0.5) is compared with its single run, the
+  other with the first: the sweep's machinery for every point is tests/test_sweep.py's; here,
+  that a fork's field is swept at all (one run fewer)."""
   guide_module("myexp/parts.py")
   base = dict(loss="focal", num_train_steps=2, log_every_steps=1, checkpoint_every_steps=0)
 
   def train_records(workdir, overrides):
     config = configuration.load("configs/cifar_vgg.py:smoke")
     config.update(modules=("guide_parts",), **base)
-    configuration.resolve(config, overrides)
+    configuration.resolve(config, [*float64.FIELDS.items(), *overrides])
     train_and_evaluate(config, str(workdir))
     return [r for r in map(json.loads, (workdir / "metrics.jsonl").open()) if "loss" in r]
 
   swept = train_records(tmp_path / "sweep", [("sweep", "focal_gamma=0.5,2")])
   alone = train_records(tmp_path / "single", [("focal_gamma", "0.5")])
   mine, other = ([r["per_point"]["loss"][i] for r in swept] for i in (0, 1))
-  np.testing.assert_allclose(mine, [r["loss"] for r in alone], rtol=POINT_LOSS_RTOL)
+  float64.assert_close(mine, [r["loss"] for r in alone], what="losses")
   assert mine[0] != other[0]  # the default's point (gamma 2) weighs the same examples otherwise
   point = trained.load(tmp_path / "sweep", point="focal_gamma=2").config
   assert (point.focal_gamma, point.sweep) == (2.0, "")

@@ -10,35 +10,35 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from research import configuration, metrics, progress, run, schedules, sweep, train, trained
+from research import metrics, progress, run, schedules, sweep, train, trained
 from research.errors import UserError
 from research.train import train_and_evaluate
+from tests import float64
 from tests.test_resilience import _events
 
 SEEDS = (1, 2)  # config.seed = 1, config.seeds = 2
 RATES = (1e-3, 3e-3)  # the Keras CNN :smoke's learning rate (single_runs' seed 1) and another
 SWEEP = "learning_rate=0.001,0.003"
 LABELS = ["learning_rate=0.001", "learning_rate=0.003"]
-# A seed's run differs from its single run by float rounding at most. Traced apart (unroll,
-# the default), each seed's step is the single step, run by the same kernels in the same order
-# on the same machine: every step's loss is compared bit for bit (docs/sweeps.md; so on both of
-# .ci/run's kernel sets, measured 2026-11-27), the final eval as its comment says. The bounds
-# below are the batched mode's (vmap): the seeds' convolutions run as one computation with
-# other kernels and other rounding. Step 1 starts from the same parameters on the same
-# examples: its loss, a mean of 64 float32 terms, agrees to rounding (1e-5 bounds it; measured
-# 8e-8). After it the difference grows as rounding does in training, faster where it flips a
-# max-pool's choice within a window or a ReLU's sign. Measured batched on VGG's :smoke run of
-# 8 steps, 8 devices (docs/sweeps.md): losses 1e-3 relative apart at the last step (1e-2 at
-# most on the way), the final eval loss 2e-3, the accuracy one example of 250. The bounds
-# allow ten times that, for the 4 steps here.
-FIRST_LOSS_RTOL = 1e-5
-LAST_LOSS_RTOL = 1e-2
-EVAL_LOSS_RTOL = 2e-2
-EVAL_EXAMPLES = 10
+# A seed's run differs from its single run by float rounding at most, and every run here is
+# float64 (tests/float64.py), where rounding stays far below the bounds. Traced apart (unroll, the
+# default), each seed's step is the single step, run by the same kernels in the same order: every
+# step's loss is compared bit for bit (docs/sweeps.md), the final eval (one forward batched over
+# the seeds, jax.vmap) to float64.RTOL. Batched (vmap), the seeds' convolutions run as one
+# computation with other kernels and other rounding: every step's loss and the final eval loss to
+# float64.RTOL. Measured on XLA's default CPU kernels (measured 2026-12-07, JAX 0.12, 2-core AMD
+# EPYC Zen 4): 1.5e-16 at most, relative (0 for every unrolled loss).
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _float64():
+  """JAX's 64-bit types on for this module's runs and tests (`_config`'s float64)."""
+  with float64.on():
+    yield
 
 
 def _config(name: str, **fields):
-  config = configuration.load(f"configs/{name}.py:smoke")
+  config = float64.config(f"configs/{name}.py:smoke")
   config.update(num_train_steps=4, log_every_steps=1, checkpoint_every_steps=2, seed=SEEDS[0])
   config.update(fields)
   return config
@@ -112,19 +112,10 @@ def test_each_seed_trains_as_its_single_run(runs):
     accuracy = final["per_seed"]["eval_accuracy"][i]
     if fields["seeds_mode"] == "unroll":
       assert mine == theirs, seed  # every step's loss, bit for bit
-      # The final eval is of the same parameters (the steps were), by the seeds' eval: one
-      # forward batched over them (jax.vmap, research/inputs.py), whose kernels may round
-      # otherwise. As for the same parameters on 1 and 8 devices (test_resilience.py): the
-      # mean of 250 positive losses, each from float32 logits summed in another order, to
-      # 1e-5 (measured: 1.1e-7 for VGG's seed 1, 0 otherwise; 0 on .ci/run's other kernels),
-      # and the same accuracy (a flip needs two logits to tie within that rounding).
-      np.testing.assert_allclose(eval_loss, single[-1]["eval_loss"], rtol=1e-5)
-      assert accuracy == single[-1]["eval_accuracy"]
-      continue
-    np.testing.assert_allclose(mine[0], theirs[0], rtol=FIRST_LOSS_RTOL)
-    np.testing.assert_allclose(mine[-1], theirs[-1], rtol=LAST_LOSS_RTOL)
-    np.testing.assert_allclose(eval_loss, single[-1]["eval_loss"], rtol=EVAL_LOSS_RTOL)
-    assert abs(accuracy - single[-1]["eval_accuracy"]) * 250 <= EVAL_EXAMPLES
+    else:
+      float64.assert_close(mine, theirs, what="losses")
+    float64.assert_close(eval_loss, single[-1]["eval_loss"], what="eval loss")
+    assert accuracy == single[-1]["eval_accuracy"]
   accuracies = final["per_seed"]["eval_accuracy"]
   assert final["eval_accuracy"] == pytest.approx(np.mean(accuracies))
   assert final["eval_accuracy_std"] == pytest.approx(np.std(accuracies, ddof=1))
@@ -151,7 +142,7 @@ def test_load_predicts_one_seed_or_the_ensemble_of_all(runs):
   images = np.random.default_rng(0).integers(0, 256, (5, 32, 32, 3), np.uint8)
   each = [trained.load(workdir, seed=seed).predict(images) for seed in SEEDS]
   ensemble = trained.load(workdir).predict(images)
-  np.testing.assert_allclose(ensemble, np.mean(each, axis=0), rtol=1e-5, atol=1e-7)
+  float64.assert_close(ensemble, np.mean(each, axis=0), what="ensemble")
   assert not np.allclose(each[0], each[1])  # two trained networks, not one
   with pytest.raises(UserError, match=r"trained seeds 1, 2; choose one"):
     trained.load(workdir, seed=7)
@@ -173,7 +164,7 @@ def test_predict_writes_one_seed_s_or_the_ensemble_s_classes(runs, tmp_path):
 
 def test_the_speedrun_s_seeds_whiten_with_their_own_images():
   """Parameters from data, per seed: each seed's whitening filters are its single run's."""
-  config = configuration.load("configs/cifar_speedrun.py:smoke")
+  config = float64.config("configs/cifar_speedrun.py:smoke")
   config.update(seed=SEEDS[0], seeds=len(SEEDS))
   training = run.setup(config)
   together = training.from_data(training.state).params
@@ -264,15 +255,8 @@ def sweep_run(tmp_path_factory, single_runs):
 
 # A point's step is the single step with its value a slice of the [points] argument where the
 # single run has a scalar: XLA may fuse that product otherwise, and the update then rounds
-# otherwise. Measured on the Keras CNN's :smoke sweep of 3 learning rates, 24 steps, 1 device,
-# XLA's default optimisation: the first loss equal (no update yet), later losses 1 float32 ulp
-# apart (6e-8 relative) at steps 16 and 24 for two points of three, the final evals equal; at
-# the suite's optimisation level, here, every step bit for bit. The bounds allow a hundred
-# times what rounding did over 24 steps, for 4 steps here.
-POINT_LOSS_RTOL = 1e-5
-
-
-@pytest.mark.rounding
+# otherwise. In float64 every step's loss and the final eval loss are 0 apart, relative, on XLA's
+# default CPU kernels (measured 2026-12-07, JAX 0.12, 2-core AMD EPYC Zen 4).
 def test_each_point_of_a_sweep_trains_as_its_single_run(sweep_run):
   """Each point trains as its single run: the same initial parameters and examples (the first
   loss the same), its own learning rate applied (the logged rates the same), each step's loss
@@ -287,12 +271,12 @@ def test_each_point_of_a_sweep_trains_as_its_single_run(sweep_run):
     single_train = [r for r in single if "loss" in r]
     mine = [r["per_point"]["loss"][i] for r in train_records]
     assert mine[0] == single_train[0]["loss"]
-    np.testing.assert_allclose(mine, [r["loss"] for r in single_train], rtol=POINT_LOSS_RTOL)
+    float64.assert_close(mine, [r["loss"] for r in single_train], what="losses")
     rates = [r["per_point"]["learning_rate"][i] for r in train_records]
     assert rates == [r["learning_rate"] for r in single_train]  # the same function of the step
     eval_loss, accuracy = final["per_point"]["eval_loss"][i], final["per_point"]["eval_accuracy"][i]
-    np.testing.assert_allclose(eval_loss, single[-1]["eval_loss"], rtol=POINT_LOSS_RTOL)
-    assert abs(accuracy - single[-1]["eval_accuracy"]) * 250 <= 1  # a flip needs a near-tie
+    float64.assert_close(eval_loss, single[-1]["eval_loss"], what="eval loss")
+    assert accuracy == single[-1]["eval_accuracy"]
   each = final["per_point"]
   best = np.lexsort((each["eval_loss"], -np.asarray(each["eval_accuracy"])))[0]
   assert final["best_point"] == LABELS[best]

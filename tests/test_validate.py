@@ -23,7 +23,7 @@ SLICE = Path(__file__).parent / "data" / "cifar10_slice"  # real JPEGs, 10 class
     ("--config.log_every_steps=0", "log_every_steps=0 must be a whole number >= 1"),
     (
       "--config.model.dtype=bf16",
-      "model.dtype='bf16' is not one of float32, bfloat16, float16; say 'bfloat16'",
+      "model.dtype='bf16' is not one of float32, bfloat16, float16, float64; say 'bfloat16'",
     ),
     ("--config.profile_steps=(5,)", "profile_steps=(5,) must be () or (start, stop)"),
     ("--config.dataset=cifar100", "dataset='cifar100' is not a registered dataset"),

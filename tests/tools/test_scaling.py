@@ -16,7 +16,6 @@ def test_device_counts_double_up_to_all_devices():
   assert scaling.device_counts(1) == [1]
 
 
-@pytest.mark.rounding
 def test_report_writes_a_row_per_device_count_and_a_plot_and_a_rerun_trains_fresh(
   tmp_path, monkeypatch
 ):
@@ -36,12 +35,8 @@ def test_report_writes_a_row_per_device_count_and_a_plot_and_a_rerun_trains_fres
     ("strong", "1", "64"),
     ("strong", "8", "64"),
   ]
-  # Strong scaling: one run at two speeds, its loss the same to rounding (tests/test_device_count.py
-  # states the tolerance). Not its eval accuracy: 6 steps leave the model near chance, where
-  # rounding flips whole examples (on 1 and 8 devices here: eval losses 2.2747 and 2.2742,
-  # 57 and 70 of 250 right).
-  strong = [r for r in rows if r["mode"] == "strong"]
-  assert strong[0]["final_loss"] == pytest.approx(strong[1]["final_loss"], rel=2e-4)
+  # Strong scaling: one run at two speeds. That its losses are the same on any device count is
+  # tests/test_device_count.py's (in float64); here, that each mode trains and is recorded.
   assert rows[0]["speedup"] == 1.0 and all(r["examples_per_sec"] > 0 for r in rows)
   assert (tmp_path / "scaling.png").stat().st_size > 10_000
   first = tmp_path / "scaling" / "run-1"
