@@ -198,7 +198,7 @@ class InceptionV3(nn.Module):
     logits = nn.Dense(
       self.num_classes, dtype=self.dtype, param_dtype=self.param_dtype, name="logits"
     )(x)
-    at_least_float32 = jnp.promote_types(logits.dtype, jnp.float32)
+    at_least_float32 = models.at_least_float32(logits)
     if train and aux is not None:  # for `loss`, below
       self.sow("intermediates", "auxiliary_logits", aux.astype(at_least_float32))
     return logits.astype(at_least_float32)

@@ -130,7 +130,7 @@ class SpeedrunNet(nn.Module):
       name="head",
     )
     logits = head(x) / x.shape[-1]
-    return logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
+    return logits.astype(models.at_least_float32(logits))
 
 
 def data_statistics(model_config, images):
