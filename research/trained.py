@@ -91,6 +91,12 @@ class Trained:
       examples = [self.example(image) for image in images]
       return _on_all_devices(self, examples, self.config.eval_batch_size, self.streamed)
     images_u8 = jnp.asarray(images, jnp.uint8)
+    if self.example_shape and images_u8.shape[1:] != tuple(self.example_shape):
+      raise UserError(
+        f"predict: arrays of shape {images_u8.shape}, where the run's examples are "
+        f"[N, {', '.join(map(str, self.example_shape))}]: resize them, or give image files "
+        "(resized as ./launch.sh predict reads them)"
+      )
     return np.asarray(self._jitted_probabilities(self.variables, images_u8, sizes))
 
   def example(self, image) -> dict:

@@ -16,6 +16,12 @@ from research import configuration
 # The model sub-config's fields of a float64 run (research/models/__init__.py needs JAX's
 # 64-bit types on for them: `on`).
 FIELDS = {"model.dtype": "float64", "model.param_dtype": "float64"}
+# What a model's float64 runs add (`fields`). The Keras CNN has no width knob: its float64
+# convolutions over 32-pixel images take some 7 s a step of 64 examples on the suite's
+# unoptimized CPU kernels (tests/conftest.py), 16-pixel ones (4×4 after its two poolings) a fifth
+# of that, and the orders of additions compared are the same. (VGG needs its 32 pixels: its five
+# poolings leave 16 none.)
+SMALLER = {"keras_cnn": {"synthetic_image_size": "16"}}
 # The bound on a compared result's relative difference (`difference`). float64 rounds by
 # u = 1.1e-16 a sum; training amplifies it as it does float32's (docs/long_runs.md: some 1e4
 # over a few steps), to about 1e-12 at most. The errors these tests exist to catch (an example
@@ -41,10 +47,15 @@ def on():
       os.environ["JAX_ENABLE_X64"] = variable
 
 
+def fields(model: str) -> dict:
+  """The config fields of a float64 run of `model` (`FIELDS`, `SMALLER`)."""
+  return {**FIELDS, **SMALLER.get(model, {})}
+
+
 def config(spec: str):
-  """The config `spec` names, in float64 (`FIELDS`), its parts' fields added."""
+  """The config `spec` names, in float64 (`fields`), its parts' fields added."""
   loaded = configuration.load(spec)
-  configuration.resolve(loaded, list(FIELDS.items()))
+  configuration.resolve(loaded, list(fields(loaded.model.name).items()))
   return loaded
 
 

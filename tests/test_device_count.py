@@ -129,13 +129,13 @@ def runs(tmp_path_factory):
           fork = FORK if model == "vgg_one_device" else {}
           # On 8 devices in this process (the suite's flags, as the child on 1 has them).
           config = configuration.load(spec)
-          configuration.resolve(config, list({**fork, **float64.FIELDS}.items()))
+          configuration.resolve(config, list({**fork, **float64.fields(model)}.items()))
           config.update(UNINTERRUPTED)
           train_and_evaluate(config, str(root / f"{model}-8"))
           if fork:  # the run's checkpoint evaluated again: its own final record
             done[model, "eval"] = trained.evaluate(root / f"{model}-8")
           on_one.append(
-            _launch(root / f"{model}-1", spec, {**UNINTERRUPTED, **fork, **float64.FIELDS})
+            _launch(root / f"{model}-1", spec, {**UNINTERRUPTED, **fork, **float64.fields(model)})
           )
     finally:
       sys.path.remove(str(root))
@@ -145,7 +145,7 @@ def runs(tmp_path_factory):
     shutil.copytree(root / "vgg-8", restored)
     shutil.rmtree(resumed / "checkpoints" / str(STEPS))
     for workdir in (resumed, restored):
-      on_one.append(_launch(workdir, CONFIGS["vgg"], {**SETTINGS, **float64.FIELDS}))
+      on_one.append(_launch(workdir, CONFIGS["vgg"], {**SETTINGS, **float64.fields("vgg")}))
     outputs = launches.run(1, on_one, root, path=root)
   assert all(code == 0 for code, _ in outputs), [out[-2000:] for _, out in outputs]
   for model in CONFIGS:

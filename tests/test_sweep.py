@@ -139,7 +139,8 @@ def test_eval_reproduces_each_seed_s_final_eval(runs):
 
 def test_load_predicts_one_seed_or_the_ensemble_of_all(runs):
   _, _, workdir, _ = runs
-  images = np.random.default_rng(0).integers(0, 256, (5, 32, 32, 3), np.uint8)
+  shape = trained.load(workdir).example_shape  # 16 pixels for the Keras CNN (tests/float64.py)
+  images = np.random.default_rng(0).integers(0, 256, (5, *shape), np.uint8)
   each = [trained.load(workdir, seed=seed).predict(images) for seed in SEEDS]
   ensemble = trained.load(workdir).predict(images)
   float64.assert_close(ensemble, np.mean(each, axis=0), what="ensemble")
@@ -503,4 +504,6 @@ def test_a_sweep_of_one_point_is_its_single_run_used_as_one(tmp_path):
   train_and_evaluate(config, str(tmp_path))
   model = trained.load(tmp_path)
   assert model.seeds == ()
-  assert model.predict(np.zeros((1, 32, 32, 3), np.uint8)).shape == (1, 10)
+  assert model.predict(np.zeros((1, 16, 16, 3), np.uint8)).shape == (1, 10)  # tests/float64.py
+  with pytest.raises(UserError, match=r"arrays of shape \(1, 32, 32, 3\), where the run's exa"):
+    model.predict(np.zeros((1, 32, 32, 3), np.uint8))  # another size: said, before the model
