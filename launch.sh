@@ -280,6 +280,12 @@ from_caller() {
 case $1 in
   test)
     shift
+    # --quick: the suite without the tests that train runs or start processes (the end_to_end
+    # marker, docs/testing.md): a fork's inner loop, about a minute on 2 cores.
+    if [[ ${1:-} == --quick ]]; then
+      shift
+      set -- -m "not end_to_end" "$@"
+    fi
     # XLA_FLAGS given here are kept (another CPU kernel set, a debugging flag).
     export XLA_FLAGS="${XLA_FLAGS:-} --xla_force_host_platform_device_count=8" JAX_PLATFORMS=cpu
     "$py" -m research.environment  # pytest, ruff and the core packages, or an error: line

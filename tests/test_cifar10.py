@@ -77,6 +77,7 @@ def test_download_failure_is_reported_as_not_available(tmp_path, monkeypatch):
   assert not list(tmp_path.iterdir())  # no partial file left behind
 
 
+@pytest.mark.end_to_end
 def test_without_cifar10_the_default_config_trains_on_synthetic_data_and_says_why(
   tmp_path, monkeypatch
 ):

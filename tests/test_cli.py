@@ -81,12 +81,14 @@ def test_batch_size_not_divisible_by_devices(run_here, workdir):
   assert _untouched(workdir)
 
 
+@pytest.mark.end_to_end
 def test_config_file_not_found(tmp_path):
   line = _single_error_line(_run(["--config", "configs/nope.py"], tmp_path))
   assert "configs/nope.py not found" in line and "configs/cifar_vgg.py" in line
   assert "configs/common.py" not in line  # the configs' shared helpers, not a config
 
 
+@pytest.mark.end_to_end
 @pytest.mark.parametrize(
   "body, expected",
   [
@@ -173,6 +175,7 @@ def _run_on_tmpfs(mount_point, options: str, *args):
   return _run(["--config", SMOKE, *args], mount_point, _on_tmpfs(mount_point, options))
 
 
+@pytest.mark.end_to_end
 @NAMESPACES
 def test_a_full_disk_ends_the_run_with_one_error_line(tmp_path):
   """200 kB fill up with the run's first files, before its first checkpoint."""
@@ -180,6 +183,7 @@ def test_a_full_disk_ends_the_run_with_one_error_line(tmp_path):
   assert "a disk this run writes to is full (No space left" in _single_error_line(result)
 
 
+@pytest.mark.end_to_end
 @NAMESPACES
 @pytest.mark.parametrize("inside", ["", "new/run"])
 def test_a_workdir_on_a_read_only_filesystem_is_an_error_before_the_data_is_loaded(
@@ -218,6 +222,7 @@ except OSError as e:
 """
 
 
+@pytest.mark.end_to_end
 @NAMESPACES
 def test_a_checkpoint_that_does_not_fit_on_the_disk_is_a_disk_full_error(tmp_path):
   command = [sys.executable, "-c", CHECKPOINT_ON_A_FULL_DISK, str(tmp_path / "run")]

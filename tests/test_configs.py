@@ -16,6 +16,8 @@ from research.experiments import conv2d_scaling
 from research.steps import AXIS, create_train_state
 from research.train import train_and_evaluate
 
+pytestmark = pytest.mark.end_to_end  # trains runs or starts processes (docs/testing.md)
+
 CONFIGS = sorted(
   str(p) for p in Path("configs").glob("*.py") if p.stem not in ("__init__", "common")
 )

@@ -16,6 +16,8 @@ from research.steps import AXIS
 from research.train import train_and_evaluate
 from tests import float64, guide, launches
 
+pytestmark = pytest.mark.end_to_end  # trains runs or starts processes (docs/testing.md)
+
 CONFIGS = {
   "vgg": "configs/cifar_vgg.py:smoke",  # BatchNorm
   "keras_cnn": "configs/cifar_keras_cnn.py:smoke",  # dropout

@@ -35,6 +35,8 @@ from research.run import setup
 from research.train import train_and_evaluate
 from tests import guide
 
+pytestmark = pytest.mark.end_to_end  # trains runs or starts processes (docs/testing.md)
+
 ROOT = Path(__file__).parent.parent
 
 

@@ -154,6 +154,7 @@ def test_a_run_records_the_fields_its_parts_declared_as_trained(fork_run):
   assert recorded["model"]["hidden"] == 4
 
 
+@pytest.mark.end_to_end
 def test_an_old_workdir_without_today_s_fields_loads_evaluates_predicts_and_fine_tunes(
   fork_run, tmp_path
 ):
@@ -287,6 +288,7 @@ def test_a_field_of_a_part_the_run_does_not_name_is_said_not_refused(guide_modul
   ]
 
 
+@pytest.mark.end_to_end
 def test_a_sweep_of_a_fork_s_declared_float_field_trains_each_point_as_its_single_run(
   guide_module, tmp_path, x64
 ):

@@ -304,6 +304,7 @@ def _records(workdir):
   return [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.end_to_end
 def test_keras_cnn_trains_resident_on_the_real_folder_and_says_once_what_it_left_out(
   real_slice, tmp_path, capsys
 ):
@@ -330,6 +331,7 @@ def test_keras_cnn_trains_resident_on_the_real_folder_and_says_once_what_it_left
   assert out.count(line) == 1 and out.count("broken.png") == 0
 
 
+@pytest.mark.end_to_end
 def test_resuming_on_changed_data_is_an_error_unless_allowed(real_slice, tmp_path):
   config = configuration.load("configs/cifar_keras_cnn.py:smoke")
   config.update(dataset="folder", data_dir=str(real_slice), batch_size=32, eval_batch_size=32)
@@ -345,6 +347,7 @@ def test_resuming_on_changed_data_is_an_error_unless_allowed(real_slice, tmp_pat
   assert _records(tmp_path / "run")[-1]["step"] == 3
 
 
+@pytest.mark.end_to_end
 def test_folder_streams_through_two_worker_processes_end_to_end_skipping_a_bad_file(
   real_slice, tmp_path, streamed_config, capsys, decoding_processes
 ):
@@ -397,6 +400,7 @@ def _photo(size, mode="RGB", seed=0) -> Image.Image:
   return Image.fromarray(pixels).convert(mode)
 
 
+@pytest.mark.end_to_end
 def test_a_folder_as_people_have_it_trains_with_only_dataset_and_data_dir(tmp_path, capsys):
   """Mixed sizes and pixel formats, nested folders, hidden and non-image files."""
   root = tmp_path / "photos"

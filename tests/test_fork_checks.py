@@ -107,6 +107,7 @@ def per_device_run(tmp_path_factory):
   return workdir, final, printed.getvalue()
 
 
+@pytest.mark.end_to_end
 def test_per_device_statistics_are_said_to_make_results_depend_on_the_device_count(
   per_device_run,
 ):
@@ -114,6 +115,7 @@ def test_per_device_statistics_are_said_to_make_results_depend_on_the_device_cou
   assert "BatchNorm statistics per device (batch_norm_statistics='per_device'): results " in printed
 
 
+@pytest.mark.end_to_end
 def test_eval_repeats_the_final_record_of_per_device_statistics_and_of_an_array_metric(
   per_device_run,
 ):
@@ -126,6 +128,7 @@ def test_eval_repeats_the_final_record_of_per_device_statistics_and_of_an_array_
   assert final["eval_examples"] == 37  # padded to 48 for the eval batches: counted once
 
 
+@pytest.mark.end_to_end
 def test_a_dataset_s_class_names_are_the_run_s(per_device_run, tmp_path):
   workdir, _, _ = per_device_run
   assert trained.load(workdir).classes == CLASSES

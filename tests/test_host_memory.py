@@ -5,6 +5,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.end_to_end  # trains runs or starts processes (docs/testing.md)
+
 # Writes a 64 MB array twice; prints the page faults of the second time.
 PROBE = """
 import resource, sys

@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.end_to_end  # trains runs or starts processes (docs/testing.md)
+
 # Starts a pool, gives its worker a long task, then dies by SIGKILL (no cleanup of any kind):
 # once the worker runs, or at once, while it is still starting (it then finds its parent gone).
 KILLED = """

@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.end_to_end  # trains runs or starts processes (docs/testing.md)
+
 ROOT = Path(__file__).parent.parent
 LAYERS = ("research", "tools")
 

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.end_to_end  # trains runs or starts processes (docs/testing.md)
+
 ROOT = Path(__file__).parent.parent
 SMOKE = "configs/cifar_vgg.py:smoke"
 

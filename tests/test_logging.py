@@ -4,10 +4,13 @@ import importlib.metadata
 import json
 import re
 
+import pytest
+
 from research import configuration, progress
 from research.train import train_and_evaluate
 
 
+@pytest.mark.end_to_end
 def test_lines_carry_elapsed_and_eta_slow_steps_log_on_time_and_long_runs_are_named(
   tmp_path, capsys, monkeypatch
 ):
@@ -23,6 +26,7 @@ def test_lines_carry_elapsed_and_eta_slow_steps_log_on_time_and_long_runs_are_na
   assert out.count("steps left take about") == 1 and ":smoke variant" in out
 
 
+@pytest.mark.end_to_end
 def test_metadata_records_the_installed_package_versions(tmp_path):
   config = configuration.load("configs/cifar_keras_cnn.py:smoke")
   config.update(num_train_steps=1)

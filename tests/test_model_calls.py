@@ -13,6 +13,8 @@ from research.errors import UserError
 from research.run import setup
 from research.train import train_and_evaluate
 
+pytestmark = pytest.mark.end_to_end  # trains runs or starts processes (docs/testing.md)
+
 
 class _Plain(nn.Module):
   """No mode at all, as flax's examples/mnist linen CNN."""

@@ -19,6 +19,8 @@ from research.steps import AXIS, create_train_state
 from research.train import train_and_evaluate
 from tests import float64
 
+pytestmark = pytest.mark.end_to_end  # trains runs or starts processes (docs/testing.md)
+
 SMOKE = "configs/cifar_vgg.py:smoke"
 SLICE = Path(__file__).parent / "data" / "cifar10_slice"  # 16 train + 8 test JPEGs per class
 STEPS = 2  # the resumed pair's steps

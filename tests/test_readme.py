@@ -7,10 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from PIL import Image
 
 from research import configuration, trained
 from research.train import train_and_evaluate
+
+pytestmark = pytest.mark.end_to_end  # trains runs or starts processes (docs/testing.md)
 
 ROOT = Path(__file__).parent.parent
 README = (ROOT / "README.md").read_text()

@@ -106,6 +106,7 @@ def test_a_config_builds_on_another_and_adds_its_variants():
     extend(cifar_vgg, "adamw", variants)
 
 
+@pytest.mark.end_to_end
 def test_a_model_averaging_over_an_axis_the_step_lacks_stops_before_the_workdir(tmp_path):
   (tmp_path / "other_axis.py").write_text(
     "import flax.linen as nn\n"

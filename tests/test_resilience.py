@@ -22,6 +22,8 @@ from research import checkpoint, configuration, environment
 from research.errors import UserError
 from research.train import train_and_evaluate
 
+pytestmark = pytest.mark.end_to_end  # trains runs or starts processes (docs/testing.md)
+
 SMOKE = "configs/cifar_vgg.py:smoke"
 # Short, with a log record every step, a checkpoint every 2 steps and an EMA of the weights,
 # which the eval uses (so every resume here checks that the EMA resumed exactly too).

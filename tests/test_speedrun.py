@@ -24,6 +24,8 @@ from research.steps import AXIS
 from research.train import train_and_evaluate
 from tests import float64
 
+pytestmark = pytest.mark.end_to_end  # trains runs or starts processes (docs/testing.md)
+
 SMOKE = "configs/cifar_speedrun.py:smoke"
 
 

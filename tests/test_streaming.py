@@ -15,6 +15,8 @@ from research.data import streaming
 from research.errors import UserError
 from research.train import train_and_evaluate
 
+pytestmark = pytest.mark.end_to_end  # trains runs or starts processes (docs/testing.md)
+
 
 def test_processes_read_their_parts_of_one_global_order_once_per_epoch_new_each_epoch():
   n, batch = 48, 8  # records, in their source order (a folder's: class after class)

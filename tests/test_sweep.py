@@ -16,6 +16,8 @@ from research.train import train_and_evaluate
 from tests import float64
 from tests.test_resilience import _events
 
+pytestmark = pytest.mark.end_to_end  # trains runs or starts processes (docs/testing.md)
+
 SEEDS = (1, 2)  # config.seed = 1, config.seeds = 2
 RATES = (1e-3, 3e-3)  # the Keras CNN :smoke's learning rate (single_runs' seed 1) and another
 SWEEP = "learning_rate=0.001,0.003"

@@ -19,6 +19,8 @@ from research.run import setup
 from research.train import train_and_evaluate
 from tests import launches
 
+pytestmark = pytest.mark.end_to_end  # trains runs or starts processes (docs/testing.md)
+
 ROOT = Path(__file__).parent.parent
 SLICE = Path(__file__).parent / "data" / "cifar10_slice"  # 16 train + 8 test real JPEGs a class
 

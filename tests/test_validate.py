@@ -150,6 +150,7 @@ def test_a_micro_batch_that_does_not_divide_the_device_batch_is_an_error():
     validate.train_config(config, 8)
 
 
+@pytest.mark.end_to_end
 def test_a_profile_window_before_the_resumed_step_or_past_the_last_is_an_error(tmp_path):
   config = configuration.load(SMOKE)
   config.update(num_train_steps=2, log_every_steps=1)
@@ -222,6 +223,7 @@ def test_synthetic_data_has_ten_classes_or_the_model_s_if_fewer(num_classes, cla
   assert set(data.train_labels) | set(data.test_labels) == set(range(classes))
 
 
+@pytest.mark.end_to_end
 def test_evals_and_checkpoints_in_epochs_keep_their_schedule_when_the_batch_size_changes(
   tmp_path,
 ):

@@ -9,6 +9,8 @@ from research import configuration
 from research.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR
 from tools import benchmark
 
+pytestmark = pytest.mark.end_to_end  # trains runs or starts processes (docs/testing.md)
+
 
 def test_host_augmented_batches_from_worker_processes_train_the_step():
   config = configuration.load("configs/cifar_vgg.py:smoke")

@@ -4,9 +4,13 @@ says what it held besides steps."""
 import gzip
 import json
 
+import pytest
+
 from research import configuration
 from research.train import train_and_evaluate
 from tools import profile_summary
+
+pytestmark = pytest.mark.end_to_end  # trains runs or starts processes (docs/testing.md)
 
 GPU, HOST = 7, 8
 

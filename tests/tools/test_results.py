@@ -17,6 +17,8 @@ from research.errors import EXIT_USER_ERROR, UserError
 from tests.test_resilience import STOPS_ITSELF
 from tools import measure, report, results
 
+pytestmark = pytest.mark.end_to_end  # trains runs or starts processes (docs/testing.md)
+
 ROOT = Path(__file__).parent.parent.parent
 
 

@@ -9,6 +9,8 @@ from research import configuration
 from research.errors import UserError
 from tools import scaling
 
+pytestmark = pytest.mark.end_to_end  # trains runs or starts processes (docs/testing.md)
+
 
 def test_device_counts_double_up_to_all_devices():
   assert scaling.device_counts(8) == [1, 2, 4, 8]
