@@ -348,8 +348,8 @@ def test_a_draw_the_model_makes_itself_differs_per_device_and_per_micro_batch(ba
 
 # One call of 4 steps and 4 calls of one run the same operations; XLA may fuse the loop's body
 # apart and round otherwise. In float64 (tests/float64.py) the losses and the update are 9.5e-17
-# and 4.9e-15 apart at most, relative, on XLA's default CPU kernels (measured 2026-12-07, JAX 0.12, 2-core AMD EPYC
-# Zen 4).
+# and 4.9e-15 apart at most, relative, on XLA's default CPU kernels (measured 2026-12-07, JAX
+# 0.12, 2-core AMD EPYC Zen 4).
 @pytest.mark.end_to_end
 def test_steps_per_call_runs_the_steps_of_single_calls_and_the_run_logs_each_step(tmp_path, x64):
   config = float64.config("configs/cifar_keras_cnn.py:smoke")  # 16-pixel images
