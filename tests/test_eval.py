@@ -92,11 +92,14 @@ def test_eval_counts_every_example_once(n_examples, global_batch, devices, x64):
   assert record["eval_test_top2"] == totals["metric/test_top2"] / n_examples
 
 
-def test_tta_on_the_least_confident_gives_them_the_views_mean_and_the_rest_the_first_view():
+# Full TTA and TTA on the least confident are two programs: their logits are compared in float64
+# (tests/float64.py).
+def test_tta_on_the_least_confident_gives_them_the_views_mean_and_the_rest_the_first_view(x64):
   """`tta(1, 0.25, 'mean')` (hiverge's): the quarter of a batch the first view is least
   confident of gets the mean of the six views' logits, as full TTA gives it; the others keep
   the first view's logits."""
-  config = ml_collections.ConfigDict(dict(name="keras_cnn", num_classes=10, dtype="float32"))
+  model_fields = {f.removeprefix("model."): v for f, v in float64.FIELDS.items()}
+  config = ml_collections.ConfigDict(dict(name="keras_cnn", num_classes=10, **model_fields))
   model = models.create(config, None)
   state = create_train_state(jax.random.key(0), None, model, (32, 32, 3), optax.sgd(0.1))
   images = np.random.default_rng(0).integers(0, 256, (16, 32, 32, 3), dtype=np.uint8)
@@ -104,12 +107,13 @@ def test_tta_on_the_least_confident_gives_them_the_views_mean_and_the_rest_the_f
     state, images
   )
   (every, first), (some, some_first) = logits("tta(1, 1.0, 'mean')"), logits("tta(1, 0.25, 'mean')")
-  np.testing.assert_allclose(some_first, first, rtol=1e-6)
+  assert first.dtype == np.float64
+  float64.assert_close(some_first, first, what="first view")
   confidence = np.asarray(jax.nn.softmax(first)).max(-1)
   least = np.argsort(confidence)[:4]  # 0.25 of 16
   rest = np.setdiff1d(np.arange(16), least)
-  np.testing.assert_allclose(some[least], every[least], rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(some[rest], first[rest], rtol=1e-6)
+  float64.assert_close(some[least], every[least], what="the least confident's mean")
+  float64.assert_close(some[rest], first[rest], what="the others' first view")
   assert not np.allclose(every[least], first[least])  # the views change the logits
 
 

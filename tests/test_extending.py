@@ -33,7 +33,7 @@ from research.errors import UserError
 from research.placement import first_replica, replicate
 from research.run import setup
 from research.train import train_and_evaluate
-from tests import guide
+from tests import float64, guide
 
 pytestmark = pytest.mark.end_to_end  # trains runs or starts processes (docs/testing.md)
 
@@ -153,20 +153,28 @@ def test_the_guide_s_balanced_accuracy_is_the_mean_of_each_class_s_accuracy(guid
 
 
 class _Linear(nn.Module):
+  dtype: str = "float32"  # its computation's and its parameters'
+
   @nn.compact
   def __call__(self, x, train: bool):
-    return nn.Dense(10)(x.reshape(len(x), -1))
+    return nn.Dense(10, dtype=self.dtype, param_dtype=self.dtype)(x.reshape(len(x), -1))
 
 
-# The pmapped step and the reference below differ in the order of float32 sums only (the
-# gradient of 16 examples' mean over 2 devices, then its norm): a few units of 6e-8 relative,
-# amplified by nothing (one SGD step at lr 1 moves each weight by its gradient, of size 1e-2).
-def test_the_guide_s_sam_step_applies_the_gradient_at_the_perturbed_weights(guide_module):
+# The pmapped step and the reference below differ in the order of sums only (the gradient of 16
+# examples' mean over 2 devices, then its norm): compared in float64 (tests/float64.py).
+def test_the_guide_s_sam_step_applies_the_gradient_at_the_perturbed_weights(guide_module, x64):
   parts = guide_module("myexp/parts.py")
   assert steps.STEPS.get("sam") is parts.sam
   rng = np.random.default_rng(0)
-  images_u8, labels = rng.integers(0, 256, (16, 4, 4, 3), np.uint8), rng.integers(0, 10, 16)
-  model, rho, tx = _Linear(), 0.05, optax.sgd(1.0)  # lr 1: the update is minus the gradient
+  # Pixels 0 and 255: the step's float32 pixels (x / 255, which XLA may compute as x · 1/255)
+  # are then exactly the reference's 0 and 1.
+  images_u8 = rng.integers(0, 2, (16, 4, 4, 3)).astype(np.uint8) * 255
+  labels = rng.integers(0, 10, 16)
+  model, rho, tx = (
+    _Linear("float64"),
+    0.05,
+    optax.sgd(1.0),
+  )  # lr 1: the update is minus the gradient
   state = steps.create_train_state(jax.random.key(0), None, model, (4, 4, 3), tx)
   config = ml_collections.ConfigDict({"sam_rho": rho, "label_smoothing": 0.0})
   step = functools.partial(
@@ -195,9 +203,9 @@ def test_the_guide_s_sam_step_applies_the_gradient_at_the_perturbed_weights(guid
   g = jax.grad(loss)(state.params)
   perturbed = jax.tree.map(lambda p, d: p + rho * d / optax.tree.norm(g), state.params, g)
   expected = jax.tree.map(lambda p, d: p - d, state.params, jax.grad(loss)(perturbed))
-  for a, b in zip(jax.tree.leaves(taken), jax.tree.leaves(expected), strict=True):
-    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(first_replica(metrics)["loss"], loss(state.params), rtol=1e-5)
+  assert jax.tree.leaves(taken)[0].dtype == np.float64
+  float64.assert_close(taken, expected, start=state.params, what="update")
+  float64.assert_close(first_replica(metrics)["loss"], loss(state.params), what="loss")
   assert first_replica(metrics)["sam_loss"] > first_replica(metrics)["loss"]  # uphill
 
 

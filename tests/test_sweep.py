@@ -340,7 +340,7 @@ def test_eval_reproduces_each_point_s_final_record(sweep_run):
     record = trained.evaluate(workdir, point=label)
     assert record["point"] == label
     assert record["eval_accuracy"] == final["per_point"]["eval_accuracy"][i]
-    assert record["eval_loss"] == pytest.approx(final["per_point"]["eval_loss"][i], rel=1e-5)
+    float64.assert_close(record["eval_loss"], final["per_point"]["eval_loss"][i], what="eval loss")
 
 
 def test_load_predict_and_init_from_take_the_best_point_or_the_named_one(sweep_run, tmp_path):
@@ -493,9 +493,11 @@ def test_a_sweep_of_a_field_parameter_groups_inherit_trains_each_point(tmp_path)
     _config("cifar_keras_cnn", weight_decay=5e-4, **fields), str(tmp_path / "alone")
   )
   loss = lambda workdir: [r for r in _records(workdir) if "loss" in r][-1]
-  np.testing.assert_allclose(
-    loss(tmp_path / "sweep")["per_point"]["loss"][1], loss(tmp_path / "alone")["loss"], rtol=1e-5
+  swept, alone_loss = (
+    loss(tmp_path / "sweep")["per_point"]["loss"][1],
+    loss(tmp_path / "alone")["loss"],
   )
+  float64.assert_close(swept, alone_loss, what="the point's loss")
   assert final["per_point"]["swept"] == {"weight_decay": [0.0, 5e-4]}
   assert all(np.isfinite(final["per_point"]["eval_loss"]))
   assert alone["eval_accuracy"] == final["per_point"]["eval_accuracy"][1]
