@@ -9,6 +9,7 @@ import sys
 import jax
 import numpy as np
 import pytest
+from PIL import Image
 
 from research import augment, configuration, inputs, steps, trained
 from research.placement import replicate, to_devices
@@ -148,14 +149,36 @@ def runs(tmp_path_factory):
     shutil.rmtree(resumed / "checkpoints" / str(STEPS))
     for workdir in (resumed, restored):
       on_one.append(_launch(workdir, CONFIGS["vgg"], {**SETTINGS, **float64.fields("vgg")}))
+    # The finished run's eval at another eval batch (250 examples in batches of 24: the last
+    # padded) and its predict of image files, on 1 device; the same predict on 8 in this process.
+    images = _image_files(root / "images")
+    on_one.append(
+      ("research.trained", ["eval", str(root / "vgg-8"), "--config.eval_batch_size=24"])
+    )
+    predict = ["predict", str(root / "vgg-8"), str(images), "--top_k=3"]
+    on_one.append(("research.trained", [*predict, f"--output={root / 'predicted-on-1.csv'}"]))
     outputs = launches.run(1, on_one, root, path=root)
+    trained.predict(root / "vgg-8", [images], top_k=3, output=root / "predicted-on-8.csv")
   assert all(code == 0 for code, _ in outputs), [out[-2000:] for _, out in outputs]
   for model in CONFIGS:
     for devices in (8, 1):
       done[model, devices] = _records(root / f"{model}-{devices}")
-  done["vgg", "8 then 1"] = (*_records(resumed), outputs[-2][1])
-  done["vgg", "restored on 1"] = (*_records(restored), outputs[-1][1])
+  done["vgg", "8 then 1"] = (*_records(resumed), outputs[-4][1])
+  done["vgg", "restored on 1"] = (*_records(restored), outputs[-3][1])
+  evals = (root / "vgg-8" / trained.EVALS).read_text().splitlines()
+  done["vgg", "eval on 1"] = (json.loads(evals[-1]), outputs[-2][1])
+  done["vgg", "predict"] = [(root / f"predicted-on-{n}.csv").read_text() for n in (1, 8)]
   return done
+
+
+def _image_files(folder):
+  """`folder` with 6 PNG files of random pixels and sizes (predict resizes them)."""
+  folder.mkdir()
+  rng = np.random.default_rng(0)
+  for i in range(6):
+    size = (24 + 4 * i, 40 - 2 * i, 3)
+    Image.fromarray(rng.integers(0, 256, size, np.uint8)).save(folder / f"{i}.png")
+  return folder
 
 
 # Every step sums its gradients, BatchNorm statistics and losses over the devices' parts of the
@@ -193,6 +216,19 @@ def test_a_run_stopped_on_8_devices_and_resumed_on_1_ends_as_the_run_on_8(runs):
   float64.assert_close([losses[s] for s in losses_8], list(losses_8.values()), what="losses")
   assert final["eval_accuracy"] == eval_8["eval_accuracy"]
   float64.assert_close(final["eval_loss"], eval_8["eval_loss"], what="eval loss")
+
+
+def test_eval_at_another_eval_batch_and_predict_on_1_device_give_the_8_devices_numbers(runs):
+  record, output = runs["vgg", "eval on 1"]
+  saved = runs["vgg", 8][1]
+  assert "over 250 examples" in output and record["overrides"] == {"eval_batch_size": "24"}
+  assert record["eval_examples"] == saved["eval_examples"] == 250
+  assert record["eval_accuracy"] == saved["eval_accuracy"]
+  float64.assert_close(record["eval_loss"], saved["eval_loss"], what="eval loss")
+  # Each image's 3 classes and their probabilities (6 decimals): in float64 a difference of
+  # 1e-16 meets a rounding boundary of the sixth decimal about once in 1e9 values.
+  on_one, on_eight = runs["vgg", "predict"]
+  assert len(on_one.splitlines()) == 7 and on_one == on_eight
 
 
 def test_checkpoint_from_8_devices_restores_the_same_state_on_1(runs):

@@ -166,10 +166,7 @@ def test_the_guide_s_sam_step_applies_the_gradient_at_the_perturbed_weights(guid
   parts = guide_module("myexp/parts.py")
   assert steps.STEPS.get("sam") is parts.sam
   rng = np.random.default_rng(0)
-  # Pixels 0 and 255: the step's float32 pixels (x / 255, which XLA may compute as x · 1/255)
-  # are then exactly the reference's 0 and 1.
-  images_u8 = rng.integers(0, 2, (16, 4, 4, 3)).astype(np.uint8) * 255
-  labels = rng.integers(0, 10, 16)
+  images_u8, labels = rng.integers(0, 256, (16, 4, 4, 3), np.uint8), rng.integers(0, 10, 16)
   model, rho, tx = (
     _Linear("float64"),
     0.05,
