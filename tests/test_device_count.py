@@ -184,9 +184,12 @@ def _image_files(folder):
 # Every step sums its gradients, BatchNorm statistics and losses over the devices' parts of the
 # global batch, an order of additions of its own for each device count, and training amplifies the
 # rounding (docs/long_runs.md). In float64 (tests/float64.py) every step's loss and the final eval
-# loss are 3.5e-16 apart at most, relative, on XLA's default CPU kernels (measured 2026-12-07, JAX
-# 0.12, 2-core AMD EPYC Zen 4); a draw that depended on the device count moved the float32 loss by
-# 1e-2 at step 1 (2026-11-26).
+# loss (of the runs, the resume on 1 and the restored checkpoint; of the eval at another eval
+# batch): 1.9e-16 apart at most, relative, on the default kernels, 2.5e-16 on the other set. One
+# device's gradient in place of the devices' mean moved the losses by 2.3e-2 (keras_cnn) to 1.0e-1
+# (vgg); the eval's loss sum without each batch's first example, the eval at another batch by
+# 9.5e-2; a draw that depended on the device count moved the float32 loss by 1e-2 at step 1
+# (2026-11-26).
 
 
 @pytest.mark.parametrize("model", CONFIGS)
