@@ -601,9 +601,9 @@ def _one_example(steps: list, views, rng, image, valid, context):
 
 def build(spec: str, seed: int = 0) -> Callable[..., jax.Array]:
   """Returns `augment(rng, images_u8 [B, S, S, C], sizes=None, *, epoch=0, ids=None,
-  positions=None, targets=None)`: float32 [B, H, W, C] (float64 where JAX's 64-bit types are
-  on), or [V, B, H, W, C] for a pipeline
-  that ends in a views op; with `targets` (class probabilities [B, K]), `(images, targets)`.
+  positions=None, targets=None)`: [B, H, W, C] in JAX's default float (float32; float64 where its
+  64-bit types are on: a float64 run), or [V, B, H, W, C] for a pipeline that ends in a views
+  op; with `targets` (class probabilities [B, K]), `(images, targets)`.
 
   `sizes` (int [B, 2]) is each image's valid (height, width) at the top-left of its padded
   array; None means every image is whole. Only a pipeline that starts with a window op
@@ -633,9 +633,7 @@ def build(spec: str, seed: int = 0) -> Callable[..., jax.Array]:
           f"augmentation {spec!r} gets padded images but does not start with a window op "
           f"({', '.join(sorted(_WINDOW_OPS))}), so its ops would see the padding"
         )
-      # [B, S, S, C] in JAX's default float: float32, or float64 where its 64-bit types are on
-      # (a float64 run computes end to end in it, its pixels included).
-      images = images_u8.astype(jnp.result_type(float)) / 255.0
+      images = images_u8.astype(jnp.result_type(float)) / 255.0  # [B, S, S, C]
       n = images.shape[0]
       if sizes is None:
         sizes = jnp.broadcast_to(jnp.array(images.shape[1:3]), (n, 2))

@@ -367,14 +367,14 @@ def test_bfloat16_computes_in_bfloat16_and_keeps_float32_parameters_and_statisti
 # Both programs do the same float operations for every parameter that trains; XLA may fuse them
 # apart and round otherwise: compared in float64 (tests/float64.py), 0 apart on both kernel sets.
 # No mutation was run for this bound.
-def test_once_the_whitening_bias_stops_training_the_step_no_longer_differentiates_it(
-  training64, x64
-):
+def test_once_the_whitening_bias_stops_training_the_step_no_longer_differentiates_it(x64):
   """The whitening bias trains over the first 3/8 of the run (6 of :smoke's 16 steps), then
   its learning rate is 0: from the state's step 6 the run switches to a step without its
   gradient, one convolution fewer (the first convolution's input gradient fed only it), and
   three steps past the switch the parameters are those of the first step alone."""
-  training = training64
+  config = float64.config(SMOKE)
+  config.batch_size = 32  # 4 per device: the recipe's float64 steps cost by the example
+  training = setup(config)
   ((at, later),), state = training.later_steps, replicate(training.from_data(training.state))
   assert at == 6 and _convolutions(later, state, training) == 7 + 5 + 6
   stream = training.inputs.batches(0)
