@@ -601,9 +601,8 @@ def _one_example(steps: list, views, rng, image, valid, context):
 
 def build(spec: str, seed: int = 0) -> Callable[..., jax.Array]:
   """Returns `augment(rng, images_u8 [B, S, S, C], sizes=None, *, epoch=0, ids=None,
-  positions=None, targets=None)`: [B, H, W, C] in JAX's default float (float32; float64 where its
-  64-bit types are on: a float64 run), or [V, B, H, W, C] for a pipeline that ends in a views
-  op; with `targets` (class probabilities [B, K]), `(images, targets)`.
+  positions=None, targets=None)`: [B, H, W, C] in JAX's default float (float32, float64 with x64),
+  or [V, B, H, W, C] for a pipeline that ends in a views op; with `targets`, `(images, targets)`.
 
   `sizes` (int [B, 2]) is each image's valid (height, width) at the top-left of its padded
   array; None means every image is whole. Only a pipeline that starts with a window op
