@@ -33,6 +33,7 @@ weight drawn from its own key, and its target mixed with exactly the weights of 
 """
 
 import ast
+import dataclasses
 import functools
 import inspect
 from collections.abc import Callable
@@ -599,10 +600,12 @@ def _one_example(steps: list, views, rng, image, valid, context):
   return views.op.fn(image) if views else image
 
 
-def build(spec: str, seed: int = 0) -> Callable[..., jax.Array]:
-  """Returns `augment(rng, images_u8 [B, S, S, C], sizes=None, *, epoch=0, ids=None,
-  positions=None, targets=None)`: [B, H, W, C] in JAX's default float (float32, float64 with x64),
-  or [V, B, H, W, C] for a pipeline that ends in a views op; with `targets`, `(images, targets)`.
+@dataclasses.dataclass(frozen=True)
+class Pipeline:
+  """A pipeline string, built (`build`): called as `pipeline(rng, images_u8 [B, S, S, C],
+  sizes=None, *, epoch=0, ids=None, positions=None, targets=None, seed=None)`, it gives
+  [B, H, W, C] in JAX's default float (float32, float64 with x64), or [V, B, H, W, C] for a
+  pipeline that ends in a views op; with `targets`, `(images, targets)`.
 
   `sizes` (int [B, 2]) is each image's valid (height, width) at the top-left of its padded
   array; None means every image is whole. Only a pipeline that starts with a window op
@@ -612,9 +615,28 @@ def build(spec: str, seed: int = 0) -> Callable[..., jax.Array]:
   examples' own keys: the seeds of a run with `config.seeds` > 1 share one pipeline.
   `positions` (int [B]) are the examples' places in the step's global batch (None: 0, 1, …):
   each example's random draws come from `rng` folded with its position, so a batch split
-  over devices draws what the whole batch draws. Batch ops mix `targets` as the images. The
-  function's attributes (`weights`, `values`, `mixes`, `first_view`) are described below.
-  """
+  over devices draws what the whole batch draws. Batch ops mix `targets` as the images."""
+
+  spec: str  # the string it was built from
+  windowed: bool  # it starts with a window op: it may be given padded images and their sizes
+  values: str  # its value ops with every argument: "scale(-1.0, 1.0)", or "none"
+  mixes: bool  # it mixes examples and targets (mixup, cutmix): for training only
+  weights: tuple | None  # the views' weights, where it ends in a views op (else None)
+  uncertain: float  # the views' share of the least certain examples that take them (1: all)
+  apply: Callable = dataclasses.field(repr=False)  # the function the call runs
+  first: "Pipeline | None" = dataclasses.field(default=None, repr=False)  # without the views
+
+  def __call__(self, *args, **kwargs):
+    return self.apply(*args, **kwargs)
+
+  @property
+  def first_view(self) -> "Pipeline":
+    """The pipeline that gives the first view alone, [B, H, W, C] (itself without views)."""
+    return self.first or self
+
+
+def build(spec: str, seed: int = 0) -> Pipeline:
+  """The pipeline `spec` names, its examples' keys from `seed` (a Pipeline)."""
   steps = parse(spec)
   windowed = bool(steps) and steps[0].window
   values = "|".join(step.value for step in steps if step.value) or "none"
@@ -649,13 +671,9 @@ def build(spec: str, seed: int = 0) -> Callable[..., jax.Array]:
       out = jnp.moveaxis(out, 1, 0) if views and all_views else out  # views first
       return out if targets is None else (out, mixed)
 
-    augment.windowed = windowed  # whether it may be given padded images with their sizes
-    augment.values = values  # its value ops with every argument: "scale(-1.0, 1.0)" or "none"
-    augment.weights = views.op.weights if views and all_views else None
-    augment.uncertain = views.op.uncertain if views and all_views else 1.0
-    augment.mixes = bool(batch_ops)  # it mixes examples and targets: for training only
     return augment
 
-  augment = pipeline(all_views=True)
-  augment.first_view = pipeline(all_views=False) if views else augment
-  return augment
+  made = functools.partial(Pipeline, spec, windowed, values, bool(batch_ops))
+  first = made(None, 1.0, pipeline(all_views=False)) if views else None
+  weights, uncertain = (views.op.weights, views.op.uncertain) if views else (None, 1.0)
+  return made(weights, uncertain, pipeline(all_views=True), first)

@@ -219,3 +219,10 @@ def read(workdir: Path, step: int | None = None) -> tuple[int, dict]:
   with ocp.CheckpointManager(directory, item_handlers=ocp.StandardCheckpointHandler()) as manager:
     state = manager.restore(step, args=ocp.args.StandardRestore())
   return step, jax.device_get(state)
+
+
+def used_params(state: dict):
+  """The weights a saved train state is used with: the EMA of its parameters where the run kept
+  one (`ema_decay`), else its parameters."""
+  ema = state.get("ema_params")
+  return state["params"] if ema is None else ema

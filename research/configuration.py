@@ -15,7 +15,9 @@ from pathlib import Path
 
 import ml_collections
 
+from research import environment
 from research import fields as fields_lib
+from research import workdir as workdir_lib
 from research.errors import UserError
 from research.fields import nearest
 
@@ -343,3 +345,31 @@ def unused(config: ml_collections.ConfigDict) -> list[str]:
     for path in paths
     if path not in read and path != "model"
   ]
+
+
+def run_config(workdir: Path) -> ml_collections.ConfigDict:
+  """The config the run in `workdir` last trained with (launches.jsonl, or config.json)."""
+  saved = workdir_lib.last_config(workdir)
+  if saved is None:
+    raise UserError(f"{workdir} holds no config.json: it is not a run's workdir")
+  config = completed(saved)
+  if config.get("experiment") != "train":
+    raise UserError(
+      f"{workdir} holds a {config.get('experiment')!r} experiment, not a training run"
+    )
+  return config
+
+
+def completed(saved: dict) -> ml_collections.ConfigDict:
+  """A training run's recorded config (`saved`) as today's code reads it: the fields added
+  since the run at their defaults, the library's and those its parts declared since."""
+  config = ml_collections.ConfigDict(saved)
+  if config.get("experiment") != "train":
+    return config
+  defaults = fields_lib.library()
+  defaults.update(config)
+  config = defaults
+  absolute_paths(config, environment.ROOT)  # runs that recorded them relative
+  import_modules(config)  # the fork's parts the run was trained with
+  complete(config)
+  return config

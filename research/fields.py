@@ -168,6 +168,9 @@ def _records(c) -> None:
   c.profile_steps = ()  # (start, stop): a jax.profiler trace of these steps in WORKDIR/profile
 
 
+# model.dtype's values (and a model's param_dtype's): float64, with JAX's 64-bit types on, is
+# for the suite's equivalence checks (docs/testing.md)
+DTYPES = ("float32", "bfloat16", "float16", "float64")
 # The library's fields each kind of part reads, besides the fields it declares. A model reads
 # its sub-config (config.model): its `name`, `num_classes`, `dtype` and its own fields.
 KINDS = {
@@ -223,12 +226,15 @@ class View:
   it declared; reading another is a FieldError that names the part, the field and how to
   declare it. A sub-config (`model`) is a View of its own."""
 
-  def __init__(self, values: dict, part: str, kind_fields=(), declared=(), register: str = ""):
+  def __init__(
+    self, values: dict, part: str, kind_fields=(), declared=(), register: str = "", prefix=""
+  ):
     object.__setattr__(self, "_values", dict(values))
     object.__setattr__(self, "_part", part)  # "schedule 'warmup_cosine'": in messages
     object.__setattr__(self, "_kind_fields", tuple(kind_fields))
     object.__setattr__(self, "_declared", tuple(declared))
     object.__setattr__(self, "_register", register)  # "schedules.register('warmup_cosine'"
+    object.__setattr__(self, "_prefix", prefix)  # "model.", "param_groups.filters.", ""
 
   def __getattr__(self, name: str):
     if name.startswith("__"):  # copy, pickle and friends ask for these: plain AttributeError
@@ -271,6 +277,11 @@ class View:
       return self._values.get(name, default)
     raise FieldError(self._outside(name))
 
+  def name_of(self, field: str) -> str:
+    """`field` as the config file and the command line spell it: "model.width",
+    "param_groups.filters.ns_steps", "label_smoothing"."""
+    return self._prefix + field
+
   def keys(self):
     return self._values.keys()
 
@@ -298,7 +309,7 @@ class View:
         mine[name] = mine[name].with_values({rest: value})
       elif isinstance(mine[name], ml_collections.ConfigDict):  # a dict takes a traced value
         mine[name] = with_values(mine[name], {rest: value})
-    return View(mine, self._part, self._kind_fields, self._declared, self._register)
+    return View(mine, self._part, self._kind_fields, self._declared, self._register, self._prefix)
 
   def __repr__(self) -> str:
     return f"View({self._part}: {self._values!r})"
@@ -339,16 +350,37 @@ def _pick(source, names, part: str) -> dict:
   return values
 
 
-def of_part(registry, name: str, source) -> View:
+def of_part(registry, name: str, source, prefix: str = "") -> View:
   """The view the part `name` of `registry` is given of `source` (the config; a model's
   sub-config; a parameter group's fields for its optimizer and schedule): its kind's fields
-  and those it declared, at their defaults where `source` does not set them."""
+  and those it declared, at their defaults where `source` does not set them; `prefix`: where
+  `source` is in the config ("model.", "param_groups.NAME."), for messages (`View.name_of`)."""
   kind_fields, declared = KINDS[registry.kind], registry.fields.get(name, {})
   part = f"{registry.kind} {name!r}"
   values = _pick(source, kind_fields, part)
   values |= {field: source.get(field, d) for field, d in declared.items()}
   register = f"{registry.home}.register({name!r}"
-  return View(values, part, kind_fields, tuple(declared), register)
+  return View(values, part, kind_fields, tuple(declared), register, prefix)
+
+
+def one_of(name: str, value, choices) -> None:
+  """A user error unless `value` (the field spelt `name`) is one of `choices`."""
+  if value not in choices:
+    near = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)  # close only
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    raise UserError(f"{name}={value!r} is not one of {', '.join(choices)}{hint}")
+
+
+def in_ranges(values, ranges, prefix: str = "") -> None:
+  """A user error for the first of `ranges` (field, the range in words, the test) whose value
+  in `values` (a View, a config, a group's fields) is not a number in its range, the field
+  named as the config spells it (`View.name_of`, else `prefix` + field): a part's own check
+  (research/registry.py `register(..., check=)`) and the library's."""
+  for field, allowed, ok in ranges:
+    value = values[field]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not ok(value):
+      name = values.name_of(field) if isinstance(values, View) else prefix + field
+      raise UserError(f"{name}={value!r} must be a number {allowed}")
 
 
 def reading(source, names, who: str) -> View:

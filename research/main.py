@@ -150,7 +150,7 @@ def checked_workdir(args, config) -> Path:
   written: writable, and holding nothing another config wrote."""
   import jax
 
-  from research import trained
+  from research import configuration
   from research import workdir as workdir_lib
 
   if jax.process_count() > 1 and not args.workdir:
@@ -158,7 +158,7 @@ def checked_workdir(args, config) -> Path:
   workdir = Path(args.workdir).expanduser() if args.workdir else default_workdir(args.config)
   workdir = workdir.absolute()  # what the run prints and records: usable from anywhere
   workdir_lib.check_writable(workdir)
-  workdir_lib.check_resumable(workdir, config, args.allow_config_change, trained.completed)
+  workdir_lib.check_resumable(workdir, config, args.allow_config_change, configuration.completed)
   return workdir
 
 

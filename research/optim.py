@@ -33,7 +33,7 @@ from optax.contrib import MuonDimensionNumbers, scale_by_muon
 
 from research import schedules
 from research.errors import UserError
-from research.fields import GROUP_DEFAULTS, of_part
+from research.fields import DTYPES, GROUP_DEFAULTS, in_ranges, of_part, one_of
 from research.registry import Registry
 
 DEFAULT = "default"  # the label of parameters no group matches
@@ -243,6 +243,23 @@ def newton_schulz_stacked(ns_coeffs, ns_steps: int) -> optax.GradientTransformat
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
 
 
+def _check_muon(fields) -> None:
+  """A user error for a group's Newton-Schulz steps that are not a whole number >= 1, its
+  coefficients not three numbers, a dtype not one of `DTYPES`, or a renormalisation period
+  that is not () or (first, growth) of a group that renormalises."""
+  in_ranges(fields, (("ns_steps", ">= 1", lambda x: isinstance(x, int) and x >= 1),))
+  one_of(fields.name_of("muon_dtype"), fields.muon_dtype, ("model", *DTYPES))
+  numbers = lambda xs, n: len(xs) == n and all(isinstance(x, (int, float)) for x in xs)
+  coeffs, every = tuple(fields.ns_coeffs), tuple(fields.normalize_every)
+  if not numbers(coeffs, 3):
+    raise UserError(f"{fields.name_of('ns_coeffs')}={coeffs}: give three numbers (a, b, c)")
+  if every and not (numbers(every, 2) and fields.normalize_weights):
+    raise UserError(
+      f"{fields.name_of('normalize_every')}={every}: give (first, growth), two numbers, for a "
+      "group with normalize_weights=True, or () to renormalise at every update"
+    )
+
+
 @register(
   "muon",
   fields={
@@ -253,6 +270,7 @@ def newton_schulz_stacked(ns_coeffs, ns_steps: int) -> optax.GradientTransformat
     "normalize_every": (),  # (): at every update (renormalize_weights); (first, growth)
     "muon_dtype": "float32",  # "bfloat16", or "model": the model's compute dtype
   },
+  check=_check_muon,
   decays_weights=True,
   groups_only=True,
   steps=True,
@@ -330,20 +348,6 @@ def group_fields(fields) -> dict:
       merged["muon_dtype"] = fields.model.dtype
     groups[name] = ml_collections.ConfigDict(merged)
   return groups
-
-
-def check_muon_fields(name: str, group) -> None:
-  """A user error for a group's Newton-Schulz coefficients that are not three numbers, or a
-  renormalisation period that is not () or (first, growth) of a group that renormalises."""
-  numbers = lambda xs, n: len(xs) == n and all(isinstance(x, (int, float)) for x in xs)
-  coeffs, every = tuple(group.ns_coeffs), tuple(group.normalize_every)
-  if not numbers(coeffs, 3):
-    raise UserError(f"param_groups.{name}.ns_coeffs={coeffs}: give three numbers (a, b, c)")
-  if every and not (numbers(every, 2) and group.normalize_weights):
-    raise UserError(
-      f"param_groups.{name}.normalize_every={every}: give (first, growth), two numbers, for a "
-      "group with normalize_weights=True, or () to renormalise at every update"
-    )
 
 
 def labels(param_groups, params) -> dict:

@@ -24,13 +24,19 @@ class Registry:
     self.parts: dict[str, Callable] = {}
     self.options: dict[str, dict] = {}
     self.fields: dict[str, dict] = {}  # {name: {config field it declares: its default}}
+    self.checks: dict[str, Callable] = {}  # {name: its own check of its fields}
     fields_lib.REGISTERED.append(self.fields)  # what a View knows to be a field
 
-  def register(self, name: str, fields: dict | None = None, **options) -> Callable:
+  def register(
+    self, name: str, fields: dict | None = None, check: Callable | None = None, **options
+  ) -> Callable:
     """A decorator that registers its function under `name` (a user error if taken), with the
     config `fields` it reads besides its kind's, {field: its default}: a run naming the part
     adds them to its config (research/configuration.py), where the config file and the command
-    line set them as any other field."""
+    line set them as any other field. `check(view)`, where given, checks them: handed the view
+    the part is given (research/fields.py `of_part`), it raises a UserError for a value the
+    part cannot take, naming the field as `view.name_of(field)` spells it; research/validate.py
+    calls it after the library's own checks, before any data loads."""
     declared = dict(fields or {})
     self._check_declared(name, declared)
 
@@ -44,6 +50,7 @@ class Registry:
       self.parts[name] = part
       self.options[name] = options
       self.fields[name] = declared
+      self.checks[name] = check
       return part
 
     return wrap
@@ -64,6 +71,11 @@ class Registry:
         f"part adds, each a name with its default (a {self.kind} reads "
         f"{', '.join(fields_lib.KINDS[self.kind]) or 'no library field'} without declaring them)"
       )
+
+  def check(self, name: str, view) -> None:
+    """The part's own check of its fields (`register(..., check=)`), if it has one."""
+    if own := self.checks.get(name):
+      own(view)
 
   def names(self) -> list[str]:
     return sorted(self.parts)

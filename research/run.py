@@ -11,9 +11,10 @@ import jax
 import ml_collections
 import numpy as np
 
+from research import data, init_from, losses, models, optim, steps, validate
 from research import inputs as inputs_lib
-from research import losses, models, optim, steps, trained, validate
 from research import sweep as sweep_lib
+from research.augment import Pipeline
 from research.errors import UserError
 from research.fields import for_module, of_part, reading
 from research.inputs import Inputs
@@ -43,7 +44,7 @@ class Training:
   # parameter groups whose learning rate stays 0 from there (optim.frozen_from): the same
   # parameters, less work; compiled with the first, before the clock
   later_steps: tuple
-  augment: Callable  # the config's augmentation (research/augment.py build) -> float32 images
+  augment: Pipeline  # the config's augmentation (research/augment.py)
   schedules: dict  # {record field: step -> the learning rate the optimizer applies}
   num_steps: int
   per_device_batch: int
@@ -73,11 +74,11 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
     config = sweep_lib.structure(config)
     checked = checked._replace(groups=optim.group_fields(for_module(config, optim)))
   model = models.create(config.model, batch_norm_axis(config.batch_norm_statistics))
-  reads = for_module(config, trained)  # the stored examples' size, init_from's fields
-  stored = trained.stored_shape(reads)  # None: the arrays'
+  reads = for_module(config, init_from)  # the stored examples' size, init_from's fields
+  stored = data.stored_shape(reads)  # None: the arrays'
   if stored:  # before any image is decoded
     _check_outputs(config.model, model, checked.augment, stored)
-  source = trained.check_warm_start(reads, checked.augment, model) if warm_start else None
+  source = init_from.read(reads, checked.augment, model) if warm_start else None
   runs = sweep_lib.runs_of(config)
   inputs = inputs_lib.for_run(for_module(config, inputs_lib), checked, runs)
   if not stored:  # a registered dataset's arrays, loaded
@@ -175,7 +176,7 @@ def _first_state(seeds: tuple, ema: bool, model, inputs: Inputs, augment, tx, so
   # tx.init labels the parameters: a parameter group that matches none is an error here
   state = create_train_state(init_key, ema, model, model_input.shape[1:], tx, several)
   states = sweep_lib.unstack(state, len(seeds)) if several else [state]
-  warmed = [trained.warm_start(s, source) for s in states]
+  warmed = [init_from.apply(s, source) for s in states]
   state = sweep_lib.stack([s for s, _ in warmed]) if several else warmed[0][0]
   return state, warmed[0][1]
 
@@ -268,7 +269,7 @@ class FromData:
 
   model_config: object  # the model's fields (models.fields)
   first_images: Callable[[int], np.ndarray]
-  preprocess: Callable
+  preprocess: Pipeline
   statistics: Callable
   init: Callable
   seeds: tuple

@@ -22,6 +22,7 @@ from jax import lax
 
 from research import models
 from research import sweep as sweep_lib
+from research.augment import Pipeline
 from research.errors import UserError
 from research.placement import AXIS  # the one pmap axis, 'batch'
 from research.registry import Registry
@@ -183,7 +184,7 @@ class Run:
   that runs of any length and seed share one compiled step."""
 
   gather: Callable  # (step, batch) -> Examples: this device's examples (research/inputs.py)
-  augment: Callable  # research/augment.py build: the config's augmentation
+  augment: Pipeline  # the config's augmentation (research/augment.py)
   loss: Callable  # (logits, targets, intermediates) -> [batch] per-example losses
   num_classes: int
   # The step's fields (research/fields.py): a step's (ema_decay, batch_size, ...) and those it

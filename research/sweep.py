@@ -8,6 +8,7 @@ fields loads the program from the compilation cache (docs/sweeps.md).
 """
 
 import itertools
+from pathlib import Path
 from typing import NamedTuple
 
 import jax
@@ -16,6 +17,7 @@ import ml_collections
 import numpy as np
 
 from research import optim
+from research import workdir as workdir_lib
 from research.errors import UserError
 from research.fields import for_module, with_values
 
@@ -294,3 +296,72 @@ def stack(trees):
 def unstack(tree, count: int) -> list:
   """`stack`'s inverse: the `count` trees along the leading axis."""
   return [jax.tree.map(lambda x, i=i: x[i], tree) for i in range(count)]
+
+
+def run_seeds(runs) -> tuple:
+  """The seeds `runs` (sweep.runs_of) trained in one program, a point each; () for one run."""
+  return runs.seeds if len(runs.points) > 1 else ()
+
+
+def one_point(tree, index: int):
+  """Point `index`'s part of a tree a run of several points saved (seeds, a sweep's: every leaf
+  with a leading point axis), `index` as `chosen_point` gives it."""
+  return jax.tree.map(lambda x: x[index], tree)
+
+
+def chosen_point(workdir: Path, runs, seed=None, point=None, what: str = "") -> int | None:
+  """The index of the point a run of `runs` (sweep.runs_of) is used at: the one `point` (its
+  label as the run printed it, `learning_rate=0.03,seed=1`; a part of it that one point
+  matches; or its index) and `seed` name; where neither does, a sweep's best (its last eval's
+  `best_point`), and for a run of seeds None (all: their ensemble). None for one run. A user
+  error naming `what` for a point or seed the run did not train, or a choice that fits
+  several."""
+  points, labels = runs.points, runs.labels
+  several = len(points) > 1
+  if point is not None and point.isdigit():
+    if int(point) >= len(points):
+      raise UserError(f"{what} point={point}: the run trained points 0-{len(points) - 1}")
+    return int(point) if several else None
+  if seed is None and point is None:
+    return _best_point(workdir, labels) if several and runs.swept else None
+  chosen = range(len(points))
+  if seed is not None:
+    chosen = [i for i in chosen if points[i].seed == seed]
+    if not chosen:
+      seeds = sorted({p.seed for p in points})
+      raise UserError(
+        f"{what} seed={seed}: the run trained seed{'s' if len(seeds) > 1 else ''} "
+        f"{', '.join(map(str, seeds))}; choose one of those"
+      )
+  if point is not None:
+    chosen = [i for i in chosen if _matches(point, labels[i])]
+  if len(chosen) != 1:
+    named = ", ".join(f"{k}={v}" for k, v in (("point", point), ("seed", seed)) if v is not None)
+    found = "matches none" if not chosen else f"matches {len(chosen)}"
+    listed = labels if not chosen else [labels[i] for i in chosen]
+    raise UserError(
+      f"{what} {named} {found} of the run's points ({', '.join(listed)}); name one (--point)"
+    )
+  return chosen[0] if several else None
+
+
+def _matches(wanted: str, label: str) -> bool:
+  """Whether every FIELD=VALUE of `wanted` is one of `label`'s (values compared as numbers)."""
+  pairs = lambda text: dict(part.partition("=")[::2] for part in text.split(","))
+  theirs = pairs(label)
+  try:
+    return all(k in theirs and float(theirs[k]) == float(v) for k, v in pairs(wanted).items())
+  except ValueError:
+    return False
+
+
+def _best_point(workdir: Path, labels: tuple) -> int:
+  """The index of a sweep's best point: its last eval record's `best_point`."""
+  records = workdir_lib.records(workdir / "metrics.jsonl")
+  best = [r["best_point"] for r in records if "eval_accuracy" in r and "best_point" in r]
+  if not best or best[-1] not in labels:
+    raise UserError(
+      f"{workdir} swept {len(labels)} points and records no eval yet to choose the best by; "
+      f"name one with --point (one of {', '.join(labels)})"
+    )
+  return labels.index(best[-1])

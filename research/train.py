@@ -28,7 +28,7 @@ import numpy as np
 import tqdm
 from jax import lax
 
-from research import checkpoint, steps, trained
+from research import checkpoint, init_from, steps
 from research import progress as progress_lib
 from research import sweep as sweep_lib
 from research import workdir as workdir_lib
@@ -367,7 +367,7 @@ def _announce(workdir: Path, dataset_requested: str, training: Training, state, 
   if training.inputs.summary:
     echo(training.inputs.summary + _list_left_out(workdir, training.inputs))
   if warm:
-    echo(trained.describe_warm_start(warm))
+    echo(init_from.describe(warm))
   if start_step:
     echo(f"resumed from the checkpoint at step {start_step}")
   if before and before != jax.device_count():

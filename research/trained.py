@@ -32,7 +32,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import flax
 import flax.linen as nn
@@ -40,15 +40,15 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from flax import traverse_util
 
 from research import augment as augment_lib
 from research import checkpoint, configuration, environment, models, steps, validate
+from research import data as data_lib
 from research import fields as fields_lib
 from research import inputs as inputs_lib
 from research import sweep as sweep_lib
 from research import workdir as workdir_lib
-from research.data import DATASETS, folder
+from research.data import folder
 from research.errors import EXIT_USER_ERROR, UserError, exit_interrupted
 from research.metrics import eval_record, format_eval_line
 from research.placement import replicate
@@ -104,7 +104,7 @@ class Trained:
     data) of an image file or a PIL image, as the run's examples are stored: its shorter side
     resized to the run's size and its centre cropped; streamed, its longer side resized and
     the rest padded. A run on one channel reads it as grayscale (PIL's luma)."""
-    size, _, channels = self.example_shape or (stored_size(self.config), None, 3)
+    size, _, channels = self.example_shape or (data_lib.stored_size(self.config), None, 3)
     if channels not in (1, 3):
       raise UserError(
         f"the run's examples have {channels} channels; image files give 1 (gray) or 3 (RGB): "
@@ -139,57 +139,6 @@ class Trained:
     return jax.vmap(one)(variables).mean(0) if self.seeds else one(variables)
 
 
-# What this module reads of a config it is handed (the run's set-up hands it a view of these,
-# research/fields.py): the stored examples' size and where a fine-tune starts.
-READS = (
-  "dataset", "synthetic_image_size", "host_image_size", "init_from", "init_from_step",
-  "init_from_seed", "init_from_point",
-)  # fmt: skip
-
-
-def stored_size(fields) -> int:
-  """The side of the square uint8 examples a run stores (`fields`: READS): what its
-  augmentation and eval preprocessing start from."""
-  sizes = {"cifar10": 32, "synthetic": fields.synthetic_image_size}
-  return sizes.get(fields.dataset, fields.host_image_size)
-
-
-def stored_shape(fields) -> tuple | None:
-  """(H, W, C) of the uint8 examples a run stores, known before any image is read; None for a
-  registered dataset (its arrays say, once loaded)."""
-  if fields.dataset in DATASETS.parts:
-    return None
-  return (stored_size(fields), stored_size(fields), 3)
-
-
-def run_config(workdir: Path) -> ml_collections.ConfigDict:
-  """The config the run in `workdir` last trained with (launches.jsonl, or config.json)."""
-  saved = workdir_lib.last_config(workdir)
-  if saved is None:
-    raise UserError(f"{workdir} holds no config.json: it is not a run's workdir")
-  config = completed(saved)
-  if config.get("experiment") != "train":
-    raise UserError(
-      f"{workdir} holds a {config.get('experiment')!r} experiment, not a training run"
-    )
-  return config
-
-
-def completed(saved: dict) -> ml_collections.ConfigDict:
-  """A training run's recorded config (`saved`) as today's code reads it: the fields added
-  since the run at their defaults, the library's and those its parts declared since."""
-  config = ml_collections.ConfigDict(saved)
-  if config.get("experiment") != "train":
-    return config
-  defaults = fields_lib.library()
-  defaults.update(config)
-  config = defaults
-  configuration.absolute_paths(config, environment.ROOT)  # runs that recorded them relative
-  configuration.import_modules(config)  # the fork's parts the run was trained with
-  configuration.complete(config)
-  return config
-
-
 def run_classes(workdir: Path, num_classes: int) -> tuple[str, ...]:
   """The class names the run's last launch recorded (numbers for runs before they were)."""
   classes = workdir_lib.last_recorded(workdir, "classes")
@@ -201,17 +150,17 @@ def load(
 ) -> Trained:
   """The run in `workdir` at its newest checkpoint (or `step`'s). A run of several seeds:
   `seed`'s weights, or (None) the ensemble of all its seeds. A sweep: `point`'s weights (a
-  label as the run printed it, a part of one, or an index: `chosen_point`), by default its
+  label as the run printed it, a part of one, or an index: `sweep.chosen_point`), by default its
   best point's."""
   workdir = Path(workdir)
-  config = run_config(workdir)
+  config = configuration.run_config(workdir)
   step, state = checkpoint.read(workdir, step)
-  variables = {"params": used_params(state), "batch_stats": state.get("batch_stats", {})}
+  variables = {"params": checkpoint.used_params(state), "batch_stats": state.get("batch_stats", {})}
   runs = sweep_lib.runs_of(config)
-  seeds = run_seeds(runs)
-  index = chosen_point(workdir, runs, seed, point, str(workdir))
+  seeds = sweep_lib.run_seeds(runs)
+  index = sweep_lib.chosen_point(workdir, runs, seed, point, str(workdir))
   if index is not None:  # one point's weights, and its single run's config
-    variables, seeds = one_point(variables, index), ()
+    variables, seeds = sweep_lib.one_point(variables, index), ()
     config = sweep_lib.point_config(config, runs.points[index])
   model = models.create(config.model, None)
   shape = tuple(workdir_lib.last_recorded(workdir, "example_shape") or ())  # runs before: RGB
@@ -219,88 +168,12 @@ def load(
   return Trained(config, classes, variables, model, step, seeds, shape)
 
 
-def used_params(state: dict):
-  """The weights a saved train state is used with: the EMA of its parameters where the run kept
-  one (`ema_decay`), else its parameters."""
-  ema = state.get("ema_params")
-  return state["params"] if ema is None else ema
-
-
-def run_seeds(runs) -> tuple:
-  """The seeds `runs` (sweep.runs_of) trained in one program, a point each; () for one run."""
-  return runs.seeds if len(runs.points) > 1 else ()
-
-
-def one_point(tree, index: int):
-  """Point `index`'s part of a tree a run of several points saved (seeds, a sweep's: every leaf
-  with a leading point axis), `index` as `chosen_point` gives it."""
-  return jax.tree.map(lambda x: x[index], tree)
-
-
-def chosen_point(workdir: Path, runs, seed=None, point=None, what: str = "") -> int | None:
-  """The index of the point a run of `runs` (sweep.runs_of) is used at: the one `point` (its
-  label as the run printed it, `learning_rate=0.03,seed=1`; a part of it that one point
-  matches; or its index) and `seed` name; where neither does, a sweep's best (its last eval's
-  `best_point`), and for a run of seeds None (all: their ensemble). None for one run. A user
-  error naming `what` for a point or seed the run did not train, or a choice that fits
-  several."""
-  points, labels = runs.points, runs.labels
-  several = len(points) > 1
-  if point is not None and point.isdigit():
-    if int(point) >= len(points):
-      raise UserError(f"{what} point={point}: the run trained points 0-{len(points) - 1}")
-    return int(point) if several else None
-  if seed is None and point is None:
-    return _best_point(workdir, labels) if several and runs.swept else None
-  chosen = range(len(points))
-  if seed is not None:
-    chosen = [i for i in chosen if points[i].seed == seed]
-    if not chosen:
-      seeds = sorted({p.seed for p in points})
-      raise UserError(
-        f"{what} seed={seed}: the run trained seed{'s' if len(seeds) > 1 else ''} "
-        f"{', '.join(map(str, seeds))}; choose one of those"
-      )
-  if point is not None:
-    chosen = [i for i in chosen if _matches(point, labels[i])]
-  if len(chosen) != 1:
-    named = ", ".join(f"{k}={v}" for k, v in (("point", point), ("seed", seed)) if v is not None)
-    found = "matches none" if not chosen else f"matches {len(chosen)}"
-    listed = labels if not chosen else [labels[i] for i in chosen]
-    raise UserError(
-      f"{what} {named} {found} of the run's points ({', '.join(listed)}); name one (--point)"
-    )
-  return chosen[0] if several else None
-
-
-def _matches(wanted: str, label: str) -> bool:
-  """Whether every FIELD=VALUE of `wanted` is one of `label`'s (values compared as numbers)."""
-  pairs = lambda text: dict(part.partition("=")[::2] for part in text.split(","))
-  theirs = pairs(label)
-  try:
-    return all(k in theirs and float(theirs[k]) == float(v) for k, v in pairs(wanted).items())
-  except ValueError:
-    return False
-
-
-def _best_point(workdir: Path, labels: tuple) -> int:
-  """The index of a sweep's best point: its last eval record's `best_point`."""
-  records = workdir_lib.records(workdir / "metrics.jsonl")
-  best = [r["best_point"] for r in records if "eval_accuracy" in r and "best_point" in r]
-  if not best or best[-1] not in labels:
-    raise UserError(
-      f"{workdir} swept {len(labels)} points and records no eval yet to choose the best by; "
-      f"name one with --point (one of {', '.join(labels)})"
-    )
-  return labels.index(best[-1])
-
-
 def evaluate(workdir, step: int | None = None, overrides=(), point: str | None = None) -> dict:
   """Evaluates the run in `workdir` (its newest checkpoint, or `step`'s) with `overrides`
   [(field, text)] of EVAL_FIELDS; prints the eval line, appends the record to evals.jsonl. A
-  run of several points: each of them, or the one `point` names (`chosen_point`)."""
+  run of several points: each of them, or the one `point` names (`sweep.chosen_point`)."""
   workdir = Path(workdir)
-  config = run_config(workdir)
+  config = configuration.run_config(workdir)
   for field, value in overrides:
     if field not in EVAL_FIELDS:
       raise UserError(
@@ -309,17 +182,19 @@ def evaluate(workdir, step: int | None = None, overrides=(), point: str | None =
     configuration.override(config, field, value)
   checked = validate.train_config(config, jax.device_count())
   runs = sweep_lib.runs_of(config)
-  index = chosen_point(workdir, runs, None, point, str(workdir)) if point is not None else None
+  index = (
+    sweep_lib.chosen_point(workdir, runs, None, point, str(workdir)) if point is not None else None
+  )
   step, state = checkpoint.read(workdir, step)  # before any data is loaded
   recorded = workdir_lib.last_recorded(workdir, "classes")  # runs before it: not recorded
   train = Path(config.data_dir) / "train"
   if config.dataset == "folder" and recorded and train.is_dir():  # listed, not yet decoded
     _check_classes(config.data_dir, folder.class_dirs(train), recorded)
-  variables = {"params": used_params(state), "batch_stats": state.get("batch_stats", {})}
+  variables = {"params": checkpoint.used_params(state), "batch_stats": state.get("batch_stats", {})}
   one = config  # one point's eval: its single run's (no point axis, no columns)
   if index is not None:
     one = sweep_lib.point_config(config, runs.points[index])
-    variables = one_point(variables, index)
+    variables = sweep_lib.one_point(variables, index)
   fields = fields_lib.for_module(one, inputs_lib)  # other datasets' classes: from its config
   inputs = inputs_lib.for_run(fields, checked, sweep_lib.runs_of(one))
   model = models.create(config.model, AXIS)
@@ -350,7 +225,7 @@ def predict(
 ) -> list[dict]:
   """Each readable image under `paths`: {"path", "classes": top_k names, "probabilities"};
   written to `output` (a CSV) or printed as a table. A run of several points: those of the
-  one `seed` and `point` name (`chosen_point`); by default a sweep's best point's, a run of
+  one `seed` and `point` name (`sweep.chosen_point`); by default a sweep's best point's, a run of
   seeds' ensemble's."""
   model = load(Path(workdir), step, seed, point)
   if not 1 <= top_k <= len(model.classes):
@@ -435,122 +310,6 @@ def _write(rows: list[dict], top_k: int, output) -> None:
   widths = [max(len(r[i]) for r in [header, *text]) for i in range(len(header))]
   for r in [header, *text]:
     print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
-
-
-def warm_start_source(init_from: str, init_from_step: int) -> tuple[Path, int | None]:
-  """(workdir, step or None for the newest) that `init_from` names (and `init_from_step`, 0:
-  the newest); a user error unless it is a run's workdir with checkpoints, or one of its
-  checkpoints."""
-  source = Path(init_from).expanduser()
-  step = init_from_step or None
-  if source.parent.name == "checkpoints" and source.name.isdecimal():
-    source, step = source.parent.parent, int(source.name)
-  if not (source / "checkpoints").is_dir():
-    raise UserError(
-      f"init_from={init_from!r} is neither a run's workdir nor one of its checkpoints "
-      "(WORKDIR/checkpoints/STEP); name the workdir of a finished run"
-    )
-  checkpoint.steps_in(source, step)  # a user error if it holds none, or not that step
-  return source, step
-
-
-class Source(NamedTuple):
-  """The checkpoint a fine-tune starts from (`check_warm_start`)."""
-
-  name: str  # config.init_from, as given
-  workdir: Path
-  step: int
-  state: dict  # the saved train state, host arrays
-  point: str = ""  # of a run of several points, the one taken (its label)
-
-
-def check_warm_start(fields, augment, model) -> Source:
-  """The checkpoint `fields.init_from` names (`fields`: READS), read before any data is
-  loaded; a user error unless it shares a parameter (path and shape) with `model`, fed by
-  `augment` (the run's)."""
-  workdir, step = warm_start_source(fields.init_from, fields.init_from_step)
-  step, saved = checkpoint.read(workdir, step)
-  saved, point = _source_seed(fields, workdir, saved)
-  saved = {**saved, "params": used_params(saved)}  # the EMA's weights, where the run kept one
-  shape = stored_shape(fields)  # the model's input is made from stored examples of this shape
-  if shape is None:  # a registered dataset's arrays, not loaded yet: the source's shape
-    recorded = workdir_lib.last_recorded(workdir, "example_shape")
-    shape = tuple(recorded) if recorded else (stored_size(fields), stored_size(fields), 3)
-  example = jax.ShapeDtypeStruct((1, *shape), jnp.uint8)
-  images = jax.eval_shape(augment, jax.random.key(0), example)
-  init = lambda x: model.init(jax.random.key(0), x, **models.mode(model, False))
-  shapes = jax.eval_shape(init, images)
-  mine = traverse_util.flatten_dict(flax.core.unfreeze(shapes["params"]), sep="/")
-  theirs = traverse_util.flatten_dict(saved["params"], sep="/")
-  if not any(p in theirs and np.shape(theirs[p]) == leaf.shape for p, leaf in mine.items()):
-    raise _fits_nothing(fields.init_from)
-  return Source(fields.init_from, workdir, step, saved, point)
-
-
-def _source_seed(fields, workdir: Path, saved: dict) -> tuple[dict, str]:
-  """(the weights of `init_from`'s run, the label of the point they are; "" for one run):
-  where it trained several points, of the one `fields.init_from_point` and `init_from_seed`
-  name (`chosen_point`); by default a sweep's best, and a user error for a run of seeds."""
-  runs = sweep_lib.runs_of(run_config(workdir))
-  seeds = run_seeds(runs)
-  if not seeds:
-    return saved, ""
-  seed = fields.init_from_seed if fields.init_from_seed >= 0 else None
-  point = fields.init_from_point or None
-  if seed is None and point is None and not runs.swept:
-    raise UserError(
-      f"init_from={fields.init_from!r} trained seeds {seeds[0]}-{seeds[-1]}; choose the one to "
-      "start from with --config.init_from_seed=N"
-    )
-  index = chosen_point(workdir, runs, seed, point, f"init_from={fields.init_from!r}")
-  return one_point(saved, index), runs.labels[index]
-
-
-def _fits_nothing(name: str) -> UserError:
-  return UserError(
-    f"init_from={name!r}: none of its parameters matches this model's by name and shape "
-    "(another architecture?); start from a run of the same model"
-  )
-
-
-def warm_start(state, source: Source | None) -> tuple[object, dict | None]:
-  """`state` with the params and BatchNorm statistics of `source` wherever a path and shape
-  match (the optimizer state and step stay fresh), and a record of what was taken and what
-  was initialised afresh; without a source, `state` as it is and None."""
-  if source is None:
-    return state, None
-  saved = source.state
-  taken, fresh = [], []
-  merged = {}
-  for collection in ("params", "batch_stats"):
-    mine = traverse_util.flatten_dict(flax.core.unfreeze(getattr(state, collection)), sep="/")
-    theirs = traverse_util.flatten_dict(saved.get(collection) or {}, sep="/")
-    out = {}
-    for path, value in mine.items():
-      other = theirs.get(path)
-      same = other is not None and np.shape(other) == np.shape(value)
-      (taken if same else fresh).append(f"{collection}/{path}")
-      out[path] = np.asarray(other, np.asarray(value).dtype) if same else value
-    merged[collection] = traverse_util.unflatten_dict(out, sep="/")
-  if not any(p.startswith("params/") for p in taken):  # shapes other than those traced
-    raise _fits_nothing(source.name)
-  record = {"source": str(source.workdir), "step": source.step, "taken": len(taken), "fresh": fresh}
-  if source.point:
-    record["point"] = source.point
-  return state.replace(**merged), record
-
-
-def describe_warm_start(record: dict) -> str:
-  fresh = record["fresh"]
-  point = f", its point {record['point']}" if record.get("point") else ""
-  line = (
-    f"initialised from {record['source']} (step {record['step']}{point}): {record['taken']} "
-    "arrays of params and BatchNorm statistics taken"
-  )
-  if fresh:
-    names = ", ".join(fresh[:6]) + (f" and {len(fresh) - 6} more" if len(fresh) > 6 else "")
-    line += f"; {len(fresh)} initialised afresh (another shape, or absent there): {names}"
-  return line + "; optimizer state and step start fresh"
 
 
 def _check_classes(data: str, found, trained_on) -> None:

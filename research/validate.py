@@ -6,7 +6,6 @@ Checks that need more live where that is known: shard sizes and class counts wit
 the profile window against the resumed step (progress.Profiler), the checkpoint's layout.
 """
 
-import difflib
 import re
 from collections.abc import Callable
 from typing import NamedTuple
@@ -27,12 +26,10 @@ from research import (
   sweep,
 )
 from research import fields as fields_lib
+from research.augment import Pipeline
 from research.data import PLACEMENTS, check_num_classes
 from research.errors import UserError
-from research.fields import for_module
-
-# float64 (with JAX's 64-bit types on) is for the suite's equivalence checks (docs/testing.md)
-DTYPES = ("float32", "bfloat16", "float16", "float64")
+from research.fields import DTYPES, for_module, of_part
 
 # (field, smallest allowed value): integer fields whose lower bound is not obvious from use.
 INT_FIELDS = (
@@ -81,37 +78,15 @@ RANGES = (
   ("checkpoint_every_epochs", ">= 0 (0: off)", lambda x: x >= 0),
 )
 
-# The same for the model's fields, where its model has them.
-MODEL_RANGES = (
-  ("num_classes", ">= 2", lambda x: x >= 2),
-  ("width", "> 0", lambda x: x > 0),
-  ("init_examples", ">= 1", lambda x: x >= 1),
-  ("whiten_eps", "> 0", lambda x: x > 0),
-  ("bn_momentum", "in [0, 1)", lambda x: 0 <= x < 1),
-  ("dropout_rate", "in [0, 1)", lambda x: 0 <= x < 1),
-)
+# The same for the model kind's own fields; a model checks those it declares itself
+# (`register(..., check=)`, research/registry.py).
+MODEL_RANGES = (("num_classes", ">= 2", lambda x: x >= 2),)
 
 
 def whole_number(config, field: str, minimum: int) -> None:
   value = config[field]
   if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
     raise UserError(f"{field}={value!r} must be a whole number >= {minimum}")
-
-
-def _in_ranges(values, ranges, prefix: str = "") -> None:
-  """A user error for the first of `ranges` (field, the range in words, the test) whose value
-  in `values` is not a number in its range."""
-  for field, allowed, ok in ranges:
-    value = values[field]
-    if isinstance(value, bool) or not isinstance(value, int | float) or not ok(value):
-      raise UserError(f"{prefix}{field}={value!r} must be a number {allowed}")
-
-
-def _choice(field: str, value, choices) -> None:
-  if value not in choices:
-    near = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)  # close only
-    hint = f" (did you mean {near[0]!r}?)" if near else ""
-    raise UserError(f"{field}={value!r} is not one of {', '.join(choices)}{hint}")
 
 
 def batch_sizes(config, n_devices: int) -> int:
@@ -134,7 +109,6 @@ GROUP_RANGES = (
   ("weight_decay", ">= 0", lambda x: x >= 0),
   ("momentum", "in [0, 1)", lambda x: 0 <= x < 1),
   ("train_fraction", "in (0, 1]", lambda x: 0 < x <= 1),
-  ("ns_steps", ">= 1", lambda x: isinstance(x, int) and x >= 1),
 )
 
 
@@ -149,11 +123,7 @@ def _param_groups(config) -> dict:
       raise UserError(f"param_groups.{name}.match={fields.match!r} is not a regex: {e}") from None
     field = f"param_groups.{name}.optimizer"
     optim.OPTIMIZERS.get(fields.optimizer, config.modules, field)
-    ranges = [r for r in GROUP_RANGES if r[0] in fields]  # ns_steps: Muon's
-    _in_ranges(fields, ranges, prefix=f"param_groups.{name}.")
-    if "muon_dtype" in fields:
-      _choice(f"param_groups.{name}.muon_dtype", fields.muon_dtype, ("model", *DTYPES))
-      optim.check_muon_fields(name, fields)
+    fields_lib.in_ranges(fields, GROUP_RANGES, prefix=f"param_groups.{name}.")
     schedules.SCHEDULES.get(fields.schedule, config.modules, f"param_groups.{name}.schedule")
   return groups
 
@@ -164,8 +134,8 @@ class Checked(NamedTuple):
   nothing is built twice."""
 
   per_device_batch: int
-  augment: Callable  # research/augment.py build: (rng, images_u8, ...) -> float32 images
-  eval_preprocess: Callable
+  augment: Pipeline  # research/augment.py: the config's augmentation
+  eval_preprocess: Pipeline
   groups: dict  # optim.group_fields: {group name: its fields}
   metrics: tuple = ()  # research/metrics.py shapes: ((eval metric, its value's shape, it), ...)
   notes: tuple = ()  # what the run says of its config first (configuration.unused)
@@ -182,6 +152,7 @@ def train_config(config: ml_collections.ConfigDict, n_devices: int) -> Checked:
   _parts(config)
   augment, eval_preprocess = _pipelines(config)
   groups = _param_groups(config)
+  _own_checks(config, groups)
   _sweep(config)
   eval_metrics = metrics.shapes(config.eval_metrics, config.model.num_classes, config)
   per_device_batch = _per_device_batch(config, n_devices, augment)
@@ -192,7 +163,7 @@ def train_config(config: ml_collections.ConfigDict, n_devices: int) -> Checked:
 def _data(config) -> None:
   """The dataset and its placement, and the model's classes where the dataset's are known."""
   data.check_name(config.dataset, config.modules)
-  _choice("data_placement", config.data_placement, PLACEMENTS)
+  fields_lib.one_of("data_placement", config.data_placement, PLACEMENTS)
   if classes := data.known_classes(config.dataset):
     check_num_classes(config.dataset, classes, config.model.num_classes)
   if config.dataset == "synthetic" and config.data_dir:
@@ -206,7 +177,7 @@ def _numbers(config) -> None:
   """Every number's type and range, the run's length, the dtype and the profile window."""
   for field, minimum in INT_FIELDS:
     whole_number(config, field, minimum)
-  _in_ranges(config, RANGES)
+  fields_lib.in_ranges(config, RANGES)
   if config.num_train_steps == 0 or config.num_train_steps < -1:
     raise UserError(
       f"num_train_steps={config.num_train_steps} must be -1 (num_epochs decides) or >= 1"
@@ -228,7 +199,7 @@ def _numbers(config) -> None:
     if dtype not in DTYPES:
       hint = f"; say {aliases[dtype]!r}" if dtype in aliases else ""
       raise UserError(f"model.{field}={dtype!r} is not one of {', '.join(DTYPES)}{hint}")
-  _in_ranges(config.model, [r for r in MODEL_RANGES if r[0] in config.model], "model.")
+  fields_lib.in_ranges(config.model, MODEL_RANGES, "model.")
   profile = tuple(config.profile_steps)
   if profile and not (
     len(profile) == 2 and all(isinstance(s, int) for s in profile) and 1 <= profile[0] < profile[1]
@@ -236,9 +207,9 @@ def _numbers(config) -> None:
     raise UserError(
       f"profile_steps={profile} must be () or (start, stop) with 1 <= start < stop, e.g. (10, 15)"
     )
-  _choice("loss_reduction", config.loss_reduction, ("mean", "sum"))
-  _choice("seeds_mode", config.seeds_mode, ("unroll", "vmap"))
-  _choice("batch_norm_statistics", config.batch_norm_statistics, ("global", "per_device"))
+  fields_lib.one_of("loss_reduction", config.loss_reduction, ("mean", "sum"))
+  fields_lib.one_of("seeds_mode", config.seeds_mode, ("unroll", "vmap"))
+  fields_lib.one_of("batch_norm_statistics", config.batch_norm_statistics, ("global", "per_device"))
 
 
 # The kinds of part the compiled step calls, each with a sweep's traced values.
@@ -270,8 +241,8 @@ def _sweep(config) -> None:
   for point in sweep.points_of(config):
     single = sweep.point_config(config, point)
     try:
-      _in_ranges(single, RANGES)
-      _param_groups(single)
+      fields_lib.in_ranges(single, RANGES)
+      _own_checks(single, _param_groups(single))
     except UserError as e:
       raise UserError(
         f"sweep={config.sweep!r}, its point {sweep.label(point, False)}: {e}"
@@ -299,6 +270,19 @@ def _parts(config) -> None:
         n for n in optim.OPTIMIZERS.names() if not optim.OPTIMIZERS.options[n].get("groups_only")
       )
     )
+
+
+def _own_checks(config, groups: dict) -> None:
+  """Each part the config names checks the fields it declared, in the view it is given
+  (`Registry.check`): the model its sub-config's, a parameter group's optimizer and schedule
+  the group's, the others the config's."""
+  for registry, name in configuration.named(config):
+    source, prefix = (config.model, "model.") if registry.kind == "model" else (config, "")
+    registry.check(name, of_part(registry, name, source, prefix))
+  for group, fields in groups.items():
+    parts = (optim.OPTIMIZERS, fields.optimizer), (schedules.SCHEDULES, fields.schedule)
+    for registry, name in parts:
+      registry.check(name, of_part(registry, name, fields, f"param_groups.{group}."))
 
 
 def _pipelines(config) -> tuple[Callable, Callable]:

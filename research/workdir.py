@@ -140,7 +140,7 @@ def check_resumable(
   workdir: Path, config: ml_collections.ConfigDict, allow_change: bool, complete=None
 ) -> None:
   """Refuses to resume into a workdir that holds a different experiment. `complete(saved)`:
-  the run's recorded config as today's code reads it (research.trained.completed: the fields
+  the run's recorded config as today's code reads it (configuration.completed: the fields
   added since the run at their defaults)."""
   saved = last_config(workdir)
   if saved is None:

@@ -36,13 +36,16 @@ def registered():
 
   modules = [m for name, m in list(sys.modules.items()) if name.startswith("research")]
   registries = {id(r): r for m in modules for r in vars(m).values() if isinstance(r, Registry)}
-  saved = [(r, dict(r.parts), dict(r.options), dict(r.fields)) for r in registries.values()]
+  saved = [
+    (r, dict(r.parts), dict(r.options), dict(r.fields), dict(r.checks)) for r in registries.values()
+  ]
   flags = [(s, set(s)) for s in vars(augment).values() if isinstance(s, set)]
   try:
     yield
   finally:
     for registry, *kept in saved:
-      for held, was in zip((registry.parts, registry.options, registry.fields), kept, strict=True):
+      held_now = (registry.parts, registry.options, registry.fields, registry.checks)
+      for held, was in zip(held_now, kept, strict=True):
         held.clear()
         held.update(was)
     for names, before in flags:

@@ -175,7 +175,7 @@ def test_an_old_workdir_without_today_s_fields_loads_evaluates_predicts_and_fine
   assert loaded.config.model.hidden == 4 and loaded.config.batch_norm_statistics == "global"
   # resumed by today's code with the config it trained with: the same config, no change asked
   today = ml_collections.ConfigDict(json.loads((workdir / "config.json").read_text()))
-  workdir_lib.check_resumable(old, today, allow_change=False, complete=trained.completed)
+  workdir_lib.check_resumable(old, today, allow_change=False, complete=configuration.completed)
   with pytest.raises(UserError, match="batch_norm_statistics, bonus, extra, .* differ"):
     workdir_lib.check_resumable(old, today, allow_change=False)  # taken as recorded
   assert loaded.predict(np.zeros((2, 4, 4, 3), np.uint8)).shape == (2, 3)
@@ -314,6 +314,51 @@ def test_a_sweep_of_a_fork_s_declared_float_field_trains_each_point_as_its_singl
   assert mine[0] != other[0]  # the default's point (gamma 2) weighs the same examples otherwise
   point = trained.load(tmp_path / "sweep", point="focal_gamma=2").config
   assert (point.focal_gamma, point.sweep) == (2.0, "")
+
+
+def test_a_fork_s_part_checks_its_own_fields_in_the_config_in_a_group_and_at_each_point():
+  """register(..., check=): before any data loads, each part the config names checks its view,
+  the model its sub-config's, a group's optimizer the group's, and a sweep's every point; the
+  field spelt as the config spells it (`View.name_of`)."""
+  from tests import guide
+
+  def positive(field):
+    def check(view):
+      if view[field] <= 0:
+        raise UserError(f"{view.name_of(field)}={view[field]} must be > 0")
+
+    return check
+
+  with guide.registered():
+    models.register("checked_model", fields={"hidden": 4}, check=positive("hidden"))(
+      lambda model_config, axis_name: _Net(model_config.hidden)
+    )
+    optim.register("checked_sgd", fields={"pull": 0.5}, check=positive("pull"))(
+      lambda learning_rate, f: optax.sgd(learning_rate, f.pull)
+    )
+    losses.register("checked_loss", fields={"weight": 1.0}, check=positive("weight"))(
+      lambda logits, targets, intermediates, config: (
+        config.weight * optax.softmax_cross_entropy(logits, targets)
+      )
+    )
+
+    def check(**overrides):
+      config = _fork_config(loss="checked_loss", optimizer="checked_sgd", **overrides)
+      config.model = dict(name="checked_model", num_classes=3, dtype="float32")
+      return config
+
+    validate.train_config(check(), 8)  # every part's defaults pass
+    config = check()
+    config.model.hidden = 0
+    with pytest.raises(UserError, match=r"^model.hidden=0 must be > 0$"):
+      validate.train_config(config, 8)
+    with pytest.raises(UserError, match=r"^weight=-1.0 must be > 0$"):
+      validate.train_config(check(weight=-1.0), 8)
+    groups = {"head": dict(match="Dense_1", optimizer="checked_sgd", pull=-0.5)}
+    with pytest.raises(UserError, match=r"^param_groups.head.pull=-0.5 must be > 0$"):
+      validate.train_config(check(param_groups=groups), 8)
+    with pytest.raises(UserError, match=r"its point weight=-1: weight=-1.0 must be > 0$"):
+      validate.train_config(check(sweep="weight=0.5,-1"), 8)
 
 
 def test_a_sweep_of_a_field_no_part_of_the_step_reads_is_one_error_line():

@@ -217,7 +217,8 @@ def test_a_resumed_run_takes_its_data_computed_parameters_from_the_checkpoint(
   config.num_train_steps, config.log_every_steps = 2, 1
   config.eval_every_steps = 1  # as the full config's every 25: the first view, mid-run
   assert train_and_evaluate(config, str(tmp_path))["init_from_data_sec"] > 0  # timed apart
-  monkeypatch.setattr(speedrun, "init_from_data", lambda *a: pytest.fail("computed again"))
+  hooks = models.MODELS.options["speedrun"]  # what the model registered with
+  monkeypatch.setitem(hooks, "init_from_data", lambda *a: pytest.fail("computed again"))
   config.num_train_steps = 3
   train_and_evaluate(config, str(tmp_path))  # resumes at step 2
   records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -450,8 +451,17 @@ def test_a_step_that_reads_the_gradient_itself_keeps_one_program(guide_module):
   "override, message",
   [
     ("--config.model.activation=relu", "model.activation='relu' is not one of 'gelu', 'silu'"),
-    ("--config.param_groups.filters.ns_coeffs=(1.0, 2.0)", "ns_coeffs=(1.0, 2.0): give three"),
-    ("--config.param_groups.filters.normalize_every=(2,)", "normalize_every=(2,): give (first"),
+    ("--config.model.whiten_eps=0", "model.whiten_eps=0.0 must be a number > 0"),
+    ("--config.model.init_examples=0", "model.init_examples=0 must be a number >= 1"),
+    (
+      "--config.param_groups.filters.ns_coeffs=(1.0, 2.0)",
+      "param_groups.filters.ns_coeffs=(1.0, 2.0): give three",
+    ),
+    (
+      "--config.param_groups.filters.normalize_every=(2,)",
+      "param_groups.filters.normalize_every=(2,): give (first",
+    ),
+    ("--config.param_groups.filters.ns_steps=0", "param_groups.filters.ns_steps=0 must be a"),
   ],
 )
 def test_a_bad_speedrun_field_is_one_error_line_before_the_workdir_is_made(

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from research import metrics, progress, run, schedules, sweep, train, trained
+from research import init_from, metrics, progress, run, schedules, sweep, train, trained
 from research.errors import UserError
 from research.train import train_and_evaluate
 from tests import float64
@@ -363,7 +363,7 @@ def test_load_predict_and_init_from_take_the_best_point_or_the_named_one(sweep_r
   training = run.setup(_config("cifar_keras_cnn", init_from=str(workdir)), warm_start=True)
   assert same(training.state.params, each[best])
   assert training.warm["point"] == LABELS[best]  # in the final record, and said:
-  assert f"(step 4, its point {LABELS[best]})" in trained.describe_warm_start(training.warm)
+  assert f"(step 4, its point {LABELS[best]})" in init_from.describe(training.warm)
   config = _config("cifar_keras_cnn", init_from=str(workdir), init_from_point=LABELS[1 - best])
   assert same(run.setup(config, warm_start=True).state.params, each[1 - best])
   Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(tmp_path / "a.png")
@@ -468,7 +468,7 @@ def test_each_point_steps_with_its_seed_and_its_values(vectorized):
 def test_a_point_is_chosen_by_its_label_its_index_or_its_seed():
   config = _config("cifar_vgg", sweep="learning_rate=0.1,0.2", seeds=2)  # seeds 1, 2
   runs = sweep.runs_of(config)
-  choose = lambda **named: trained.chosen_point(None, runs, what="run", **named)
+  choose = lambda **named: sweep.chosen_point(None, runs, what="run", **named)
   assert choose(point="learning_rate=0.2,seed=2") == 3
   assert choose(point="learning_rate=0.2", seed=1) == 2
   assert choose(point="1") == 1

@@ -128,5 +128,24 @@ def load(fields) -> ImageDataset:
   return data
 
 
+# What the stored examples' size is read from (`stored_size`).
+STORED = ("dataset", "synthetic_image_size", "host_image_size")
+
+
+def stored_size(fields) -> int:
+  """The side of the square uint8 examples a run stores (`fields`: STORED): what its
+  augmentation and eval preprocessing start from."""
+  sizes = {"cifar10": 32, "synthetic": fields.synthetic_image_size}
+  return sizes.get(fields.dataset, fields.host_image_size)
+
+
+def stored_shape(fields) -> tuple | None:
+  """(H, W, C) of the uint8 examples a run stores, known before any image is read; None for a
+  registered dataset (its arrays say, once loaded)."""
+  if fields.dataset in DATASETS.parts:
+    return None
+  return (stored_size(fields), stored_size(fields), 3)
+
+
 # The shipped datasets register themselves on import.
 from research.data import cifar10, synthetic  # noqa: E402, F401

@@ -14,20 +14,22 @@ step's dropout mask per example (research/steps.py) and, in `apply_fn`, research
 faster convolutions on CPU. Only max-pooling, a function no interceptor reaches, is called by name:
 the shipped models use `cpu_forms.max_pool`. The loss is the config's (research/losses.py).
 
-A model may also compute part of its initial parameters from training images: its module
-then defines `init_from_data(model_config, params, images) -> params`, given
+A model checks the fields it declares itself: `register(name, fields={...}, check=f)`, where
+`f(model_config)` raises a UserError for a value it cannot take (research/registry.py).
+
+A model may also compute part of its initial parameters from training images: it is then
+registered with `init_from_data=f`, `f(model_config, params, images) -> params`, given
 `model_config.init_examples` training images (a random sample of the split, fixed by the
 config's seed) as float32 [N, H, W, C], as the config's eval_preprocess (its first view)
-shows them to the model. Where the module also defines `data_statistics(model_config,
-images) -> arrays` (traceable by JAX), that runs on the device instead, compiled with the
-preprocessing before the run's clock starts, and `init_from_data` gets its result on the
-host in place of the images. Either runs once, before the first step; the result is in every
-checkpoint, so a resumed run does not redo it.
+shows them to the model. Where it is also registered with `data_statistics=g`,
+`g(model_config, images) -> arrays` (traceable by JAX), that runs on the device instead,
+compiled with the preprocessing before the run's clock starts, and `init_from_data` gets its
+result on the host in place of the images. Either runs once, before the first step; the
+result is in every checkpoint, so a resumed run does not redo it.
 """
 
 import functools
 import inspect
-import sys
 from collections.abc import Callable
 
 import flax
@@ -180,12 +182,12 @@ def check_outputs(module: nn.Module, images, num_classes: int, name: str) -> Non
 
 
 def init_from_data(model_config: ml_collections.ConfigDict) -> tuple[Callable, Callable] | None:
-  """(data_statistics, init_from_data) of the model's module (the statistics are the images
-  themselves where it defines none), or None if it computes nothing from data."""
-  module = sys.modules[MODELS.get(model_config.name).__module__]
-  if not hasattr(module, "init_from_data"):
+  """(data_statistics, init_from_data) the model registered with (the statistics are the
+  images themselves where it gave none), or None if it computes nothing from data."""
+  hooks = MODELS.options[model_config.name]
+  if "init_from_data" not in hooks:
     return None
-  return getattr(module, "data_statistics", lambda _, images: images), module.init_from_data
+  return hooks.get("data_statistics", lambda _, images: images), hooks["init_from_data"]
 
 
 # The shipped models register themselves on import.

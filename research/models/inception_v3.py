@@ -26,7 +26,7 @@ import jax.numpy as jnp
 
 from research import models
 from research.errors import UserError
-from research.fields import View
+from research.fields import View, in_ranges
 
 
 class ConvBN(nn.Module):
@@ -204,6 +204,13 @@ class InceptionV3(nn.Module):
     return logits.astype(at_least_float32)
 
 
+RANGES = (
+  ("width", "> 0", lambda x: x > 0),
+  ("bn_momentum", "in [0, 1)", lambda x: 0 <= x < 1),
+  ("dropout_rate", "in [0, 1)", lambda x: 0 <= x < 1),
+)
+
+
 @models.register(
   "inception_v3",
   fields={
@@ -214,6 +221,7 @@ class InceptionV3(nn.Module):
     "blocks": (3, 4, 2),
     "param_dtype": "float32",
   },
+  check=lambda model_config: in_ranges(model_config, RANGES),  # the fields it declares
 )
 def create(model_config: View, axis_name: str | None) -> nn.Module:
   return InceptionV3(

@@ -29,7 +29,7 @@ from jax import lax
 from research import models
 from research.cpu_forms import max_pool  # nn.max_pool, its gradient faster on CPU
 from research.errors import UserError
-from research.fields import View
+from research.fields import View, in_ranges
 
 WHITEN = 2  # pixels per side of the whitening patches
 
@@ -168,6 +168,22 @@ def init_from_data(model_config, params, statistics):
   return {**params, "whiten": whiten}
 
 
+RANGES = (
+  ("whiten_eps", "> 0", lambda x: x > 0),
+  ("init_examples", ">= 1", lambda x: x >= 1),
+)
+
+
+def check(model_config: View) -> None:
+  """The fields this model declares: the whitening's numbers and a known activation."""
+  in_ranges(model_config, RANGES)
+  if model_config.activation not in ACTIVATIONS:
+    raise UserError(
+      f"{model_config.name_of('activation')}={model_config.activation!r} is not one of "
+      + ", ".join(map(repr, ACTIVATIONS))
+    )
+
+
 @models.register(
   "speedrun",
   fields={
@@ -178,19 +194,17 @@ def init_from_data(model_config, params, statistics):
     "norm_momentum": 0.6,
     "param_dtype": "float32",
   },
+  check=check,
+  data_statistics=data_statistics,
+  init_from_data=init_from_data,
 )
 def create(model_config: View, axis_name: str | None) -> nn.Module:
-  activation = model_config.activation
-  if activation not in ACTIVATIONS:
-    raise UserError(
-      f"model.activation={activation!r} is not one of {', '.join(map(repr, ACTIVATIONS))}"
-    )
   return SpeedrunNet(
     num_classes=model_config.num_classes,
     widths=tuple(model_config.widths),
     axis_name=axis_name,
     dtype=jnp.dtype(model_config.dtype),
     param_dtype=jnp.dtype(model_config.param_dtype),
-    activation=activation,
+    activation=model_config.activation,
     norm_momentum=model_config.norm_momentum,
   )

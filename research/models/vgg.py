@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from research import models
 from research.cpu_forms import max_pool  # nn.max_pool, its gradient faster on CPU
 from research.errors import UserError
-from research.fields import View
+from research.fields import View, in_ranges
 
 # Channels per conv; "M" is a 2×2 max-pool. Five pools take 32×32 down to 1×1.
 STAGES = {
@@ -60,10 +60,15 @@ class VGG(nn.Module):
     return nn.Dense(self.num_classes, dtype=self.dtype, param_dtype=self.param_dtype)(x)
 
 
-@models.register("vgg", fields={"depth": 16, "width": 1.0, "param_dtype": "float32"})
-def create(model_config: View, axis_name: str | None) -> nn.Module:
+def check(model_config: View) -> None:
+  """The fields this model declares: a depth of the paper's and a width > 0."""
   if model_config.depth not in STAGES:
     raise UserError(f"model.depth={model_config.depth} is not one of {sorted(STAGES)}")
+  in_ranges(model_config, (("width", "> 0", lambda x: x > 0),))
+
+
+@models.register("vgg", fields={"depth": 16, "width": 1.0, "param_dtype": "float32"}, check=check)
+def create(model_config: View, axis_name: str | None) -> nn.Module:
   return VGG(
     depth=model_config.depth,
     width=model_config.width,
