@@ -48,7 +48,7 @@ class Training:
   schedules: dict  # {record field: step -> the learning rate the optimizer applies}
   num_steps: int
   per_device_batch: int
-  micro_batch: int  # examples per forward/backward pass on each device
+  run: steps.Run  # the step's pieces, bound once (one point's: the step of several wraps it)
   eval_every: int  # steps between periodic evals (0: at the end only)
   checkpoint_every: int  # steps between checkpoints (0: by time and at the end only)
   warm_up: bool  # the compiled step and eval run once, results discarded, before the clock
@@ -62,6 +62,11 @@ class Training:
   notes: tuple = ()  # what the run says of its config before it trains (configuration.unused)
   batch_size: int = 0  # global
   per_device_statistics: bool = False  # batch_norm_statistics="per_device": said in its header
+
+  @property
+  def micro_batch(self) -> int:
+    """Examples per forward/backward pass on each device."""
+    return self.run.micro_batch
 
 
 def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Training:
@@ -92,7 +97,7 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
   state, warm = _first_state(
     seeds, config.ema_decay > 0, model, inputs, checked.augment, tx, source
   )
-  train_step, micro_batch = build_step(config, checked, inputs, state)
+  train_step, run = build_step(config, checked, inputs, state)
   switches = steps.STEPS.options[config.step].get("optimizer_only")  # steps.register
   frozen = optim.frozen_from(config.grad_clip_norm, checked.groups, num_steps) if switches else {}
   later_steps = tuple(  # once a group's learning rate stays 0, a step without its gradient
@@ -111,7 +116,7 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
     schedules=sweep_lib.logged_schedules(config, per_epoch, num_steps, checked.groups),
     num_steps=num_steps,
     per_device_batch=checked.per_device_batch,
-    micro_batch=micro_batch,
+    run=run,
     eval_every=eval_every,
     checkpoint_every=checkpoint_every,
     warm_up=config.warm_up,
@@ -181,13 +186,15 @@ def _first_state(seeds: tuple, ema: bool, model, inputs: Inputs, augment, tx, so
   return state, warmed[0][1]
 
 
-def build_step(config, checked, inputs: Inputs, state, also_frozen=()) -> tuple[Callable, int]:
-  """(the run's train step for ONE device, its micro-batch): the registered step config.step
-  names, given the run's pieces (steps.Run; the step and the loss each their fields), all but
-  (state, batch, horizon, seed, hyper) bound (several points: sweep.each_point, without a
-  seed); traced, a model that names an axis the step lacks is a user error
-  (steps.axis_checked). `also_frozen`: parameter groups it does not differentiate besides those
-  frozen for the whole run (optim.frozen_from)."""
+def build_step(
+  config, checked, inputs: Inputs, state, also_frozen=()
+) -> tuple[Callable, steps.Run]:
+  """(the run's train step for ONE device, its pieces): the registered step config.step names,
+  given the run's pieces (steps.Run, bound once: the step and the loss each with their
+  fields), all but (state, batch, horizon, seed, hyper) bound (several points:
+  sweep.each_point, without a seed); traced, a model that names an axis the step lacks is a
+  user error (steps.axis_checked). `also_frozen`: parameter groups it does not differentiate
+  besides those frozen for the whole run (optim.frozen_from)."""
   points = sweep_lib.points_of(config)
   one = sweep_lib.unstack(state, len(points))[0] if len(points) > 1 else state  # the shapes
   micro_batch = steps.micro_batch_size(
@@ -196,24 +203,24 @@ def build_step(config, checked, inputs: Inputs, state, also_frozen=()) -> tuple[
     batch_norm=bool(one.batch_stats),
     backend=jax.default_backend(),
   )
-  train_step = functools.partial(
-    steps.train_step,
-    step=config.step,
-    fields=of_part(steps.STEPS, config.step, config),
-    loss=losses.LOSSES.get(config.loss),
-    loss_fields=of_part(losses.LOSSES, config.loss, config),
+  run = steps.Run(
+    step=steps.STEPS.get(config.step),
     gather=inputs.gather,
     augment=checked.augment,
+    loss_fn=losses.LOSSES.get(config.loss),
     num_classes=config.model.num_classes,
+    fields=of_part(steps.STEPS, config.step, config),
+    loss_fields=of_part(losses.LOSSES, config.loss, config),
     micro_batch=micro_batch,
     loss_scale=config.batch_size if config.loss_reduction == "sum" else 1.0,
     frozen=optim.frozen_mask(config.param_groups, one.params, checked.groups, also_frozen),
     batch_norm_axis=batch_norm_axis(config.batch_norm_statistics),
   )
+  train_step = functools.partial(steps.train_step, run=run)
   if len(points) > 1:
     vectorized = config.seeds_mode == "vmap"
     train_step = sweep_lib.each_point(train_step, points, inputs.point_axes, vectorized=vectorized)
-  return steps.axis_checked(train_step, config.model.name), micro_batch
+  return steps.axis_checked(train_step, config.model.name), run
 
 
 def batch_norm_axis(statistics: str) -> str | None:

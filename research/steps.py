@@ -179,17 +179,20 @@ class Gradients(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-  """The pieces a train step is built from, bound once per run; `horizon` (the run's step
-  count, which schedules end at) and `seed` are the compiled step's arguments (traced), so
-  that runs of any length and seed share one compiled step."""
+  """The pieces a train step is built from, bound once by the run's set-up (research/run.py
+  `build_step`) and handed to the step as `run`; `at` adds the compiled step's arguments:
+  `horizon` (the run's step count, which schedules end at), `seed` and `hyper` (a sweep's
+  values), traced, so that runs of any length, seed and value share one compiled step."""
 
+  step: Callable  # the registered step config.step names: (state, batch, run) -> (state, metrics)
   gather: Callable  # (step, batch) -> Examples: this device's examples (research/inputs.py)
   augment: Pipeline  # the config's augmentation (research/augment.py)
-  loss: Callable  # (logits, targets, intermediates) -> [batch] per-example losses
+  loss_fn: Callable  # the registered loss: (logits, targets, intermediates, loss_fields)
   num_classes: int
   # The step's fields (research/fields.py): a step's (ema_decay, batch_size, ...) and those it
   # declared (a fork's, as sam_rho), a swept one traced
-  config: Any = None
+  fields: Any = None
+  loss_fields: Any = None  # the loss's fields, a swept one traced
   micro_batch: int | None = None  # examples per forward/backward pass (None: all at once)
   # The gradient is that of the mean loss over the global batch times this (the global batch
   # size: the summed loss, `loss_reduction="sum"`); the logged loss is the mean.
@@ -202,6 +205,21 @@ class Run:
   horizon: Any = None  # int32, given to the optimizer's update; None: the optimizer's own
   seed: Any = None  # None: the keys gather and augment were built with
   hyper: Any = None  # {field: traced value} (sweep.hyper_values) for the optimizer's update
+
+  def at(self, horizon=None, seed=None, hyper=None) -> "Run":
+    """These pieces with the compiled step's arguments: the step's and the loss's views
+    given a sweep's traced values (`hyper`), which the optimizer reads too."""
+    fields, loss_fields = self.fields, self.loss_fields
+    if hyper:
+      fields = fields.with_values(hyper) if fields is not None else None
+      loss_fields = loss_fields.with_values(hyper) if loss_fields is not None else None
+    return dataclasses.replace(
+      self, fields=fields, loss_fields=loss_fields, horizon=horizon, seed=seed, hyper=hyper
+    )
+
+  def loss(self, logits, targets, intermediates):
+    """The registered loss per example [batch], given its fields."""
+    return self.loss_fn(logits, targets, intermediates, self.loss_fields)
 
   def examples(self, state, batch) -> Batch:
     """This device's examples of the step `state` is at, augmented as the step draws them:
@@ -276,7 +294,7 @@ class Run:
     )
     if state.ema_params is None:
       return new_state
-    decay = self.config.ema_decay  # once a step: the same on any device count and micro-batch
+    decay = self.fields.ema_decay  # once a step: the same on any device count and micro-batch
     ema = jax.tree.map(lambda e, p: decay * e + (1 - decay) * p, state.ema_params, new_state.params)
     return new_state.replace(ema_params=ema)
 
@@ -302,35 +320,11 @@ def standard_step(state, batch, run: Run):
   return new_state, run.metrics(out, grads, new_state)
 
 
-def train_step(
-  state,
-  batch,
-  horizon=None,
-  seed=None,
-  hyper=None,
-  *,
-  step: str = "standard",
-  fields=None,
-  loss,
-  loss_fields=None,
-  **pieces,
-):
-  """The train step registered as `step`, given its `fields` and the run's `pieces` (the other
-  fields of `Run`); `loss(logits, targets, intermediates, loss_fields)` the registered loss.
-  `hyper` (sweep.hyper_values, traced): the values the config's float fields take in this
-  step: the step, the loss and the optimizer read them from there."""
-  if hyper:  # the views' swept fields, traced
-    fields = fields.with_values(hyper) if fields is not None else None
-    loss_fields = loss_fields.with_values(hyper) if loss_fields is not None else None
-  run = Run(
-    **pieces,
-    loss=lambda logits, targets, intermediates: loss(logits, targets, intermediates, loss_fields),
-    config=fields,
-    horizon=horizon,
-    seed=seed,
-    hyper=hyper,
-  )
-  return STEPS.get(step)(state, batch, run)
+def train_step(state, batch, horizon=None, seed=None, hyper=None, *, run: Run):
+  """The run's registered step on this device, given its pieces `run` (bound once) at the
+  compiled step's arguments (`Run.at`)."""
+  run = run.at(horizon, seed, hyper)
+  return run.step(state, batch, run)
 
 
 def _augmented(ex: Examples, augment, targets=None):

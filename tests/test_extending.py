@@ -176,16 +176,16 @@ def test_the_guide_s_sam_step_applies_the_gradient_at_the_perturbed_weights(guid
   )  # lr 1: the update is minus the gradient
   state = steps.create_train_state(jax.random.key(0), None, model, (4, 4, 3), tx)
   config = ml_collections.ConfigDict({"sam_rho": rho, "label_smoothing": 0.0})
-  step = functools.partial(
-    steps.train_step,
-    step="sam",
-    fields=fields.of_part(steps.STEPS, "sam", config),
+  run = steps.Run(
+    step=parts.sam,
     gather=lambda step, batch: steps.Examples(*batch),
     augment=augment.build(""),
-    loss=losses.cross_entropy,
-    loss_fields=fields.of_part(losses.LOSSES, "cross_entropy", config),
+    loss_fn=losses.cross_entropy,
     num_classes=10,
+    fields=fields.of_part(steps.STEPS, "sam", config),
+    loss_fields=fields.of_part(losses.LOSSES, "cross_entropy", config),
   )
+  step = functools.partial(steps.train_step, run=run)
   devices = jax.local_devices()[:2]
   split = lambda x: x.reshape(2, -1, *x.shape[1:])
   keys = jax.random.wrap_key_data(np.broadcast_to(jax.random.key_data(jax.random.key(1)), (2, 2)))

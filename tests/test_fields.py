@@ -81,7 +81,7 @@ def parts():
     )
     steps.register("fields_step", fields={"extra": 1.0})(
       lambda state, batch, run: (
-        _seen("train step", run.config),
+        _seen("train step", run.fields),
         steps.standard_step(state, batch, run),
       )[1]
     )

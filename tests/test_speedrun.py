@@ -46,7 +46,8 @@ def _one_step(training, state, images_u8, labels, n_devices, **bind):
   devices = jax.local_devices()[:n_devices]
   as_given = lambda step, batch: steps.Examples(*batch)
   bind = dict(gather=as_given, micro_batch=None, **bind)  # the whole device batch at once
-  step = jax.pmap(functools.partial(training.train_step, **bind), AXIS, devices=devices)
+  run = dataclasses.replace(training.run, **bind)
+  step = jax.pmap(functools.partial(steps.train_step, run=run), AXIS, devices=devices)
   split = lambda x: x.reshape(n_devices, -1, *x.shape[1:])
   keys = jax.random.wrap_key_data(
     np.broadcast_to(jax.random.key_data(jax.random.key(1)), (n_devices, 2))
@@ -137,7 +138,7 @@ def test_the_frozen_whitening_kernel_is_not_differentiated(training):
   whitening (its bias trains for 3 epochs)."""
   state = replicate(training.state)
   assert _convolutions(training.train_step, state, training) == 7 + 6 + 6
-  unfrozen = functools.partial(training.train_step, frozen=None)
+  unfrozen = functools.partial(steps.train_step, run=dataclasses.replace(training.run, frozen=None))
   assert _convolutions(unfrozen, state, training) == 7 + 7 + 6
 
 

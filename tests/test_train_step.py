@@ -39,12 +39,18 @@ def _as_given(step, batch):
   return steps.Examples(*batch)
 
 
-def _loss(label_smoothing=0.0, aux_loss_weight=0.0, name="cross_entropy"):
-  """The registered loss `name` with these config fields."""
-  config = ml_collections.ConfigDict(
+def _fields(label_smoothing=0.0, aux_loss_weight=0.0):
+  """A loss's config fields."""
+  return ml_collections.ConfigDict(
     dict(label_smoothing=label_smoothing, aux_loss_weight=aux_loss_weight)
   )
-  return functools.partial(losses.LOSSES.get(name), fields=config)
+
+
+def _loss(label_smoothing=0.0, aux_loss_weight=0.0, name="cross_entropy"):
+  """The registered loss `name` with these config fields."""
+  return functools.partial(
+    losses.LOSSES.get(name), fields=_fields(label_smoothing, aux_loss_weight)
+  )
 
 
 def _one_step(state, images_u8, labels, n_devices, loss=None, augmentation="crop(4)|flip_lr"):
@@ -53,12 +59,15 @@ def _one_step(state, images_u8, labels, n_devices, loss=None, augmentation="crop
   step = jax.pmap(
     functools.partial(
       train_step,
-      gather=_as_given,
-      augment=augment.build(augmentation),  # random: each example's draws by its position
-      loss=lambda logits, targets, intermediates, fields: (loss or _loss())(
-        logits, targets, intermediates
+      run=steps.Run(
+        step=steps.standard_step,
+        gather=_as_given,
+        augment=augment.build(augmentation),  # random: each example's draws by its position
+        loss_fn=lambda logits, targets, intermediates, fields: (loss or _loss())(
+          logits, targets, intermediates
+        ),
+        num_classes=10,
       ),
-      num_classes=10,
     ),
     axis_name=AXIS,
     devices=devices,
@@ -203,7 +212,7 @@ def test_micro_batches_take_the_step_of_the_whole_batch_dropout_included(x64):
   config.schedule, config.ema_decay = "constant", 0.75
   training = setup(config)
   assert training.micro_batch == 8
-  whole = functools.partial(training.train_step, micro_batch=None)
+  whole = functools.partial(train_step, run=dataclasses.replace(training.run, micro_batch=None))
   flat = lambda tree: np.concatenate([np.ravel(x) for x in jax.tree.leaves(tree)])
   p_steps = [jax.pmap(step, axis_name=AXIS) for step in (training.train_step, whole)]
   for at_step in (0, 5):  # two steps' dropout masks and augmentation, each from the same start
@@ -332,7 +341,14 @@ class _DropPath(flax.linen.Module):
 
 def test_a_draw_the_model_makes_itself_differs_per_device_and_per_micro_batch(batch):
   state = create_train_state(jax.random.key(0), None, _DropPath(), (32, 32, 3), optax.sgd(0.1))
-  run = steps.Run(gather=_as_given, augment=augment.build(""), loss=_loss(), num_classes=10)
+  run = steps.Run(
+    step=steps.standard_step,
+    gather=_as_given,
+    augment=augment.build(""),
+    loss_fn=losses.cross_entropy,
+    num_classes=10,
+    loss_fields=_fields(),
+  )
 
   def draws(state, batch):  # each micro-batch's draw on this device: [2 micro-batches, 16]
     ex = run.examples(state, batch)

@@ -59,7 +59,7 @@ from research.data import folder
 from research.errors import EXIT_USER_ERROR, UserError, exit_interrupted
 from research.placement import replicate
 from research.run import setup
-from research.steps import AXIS
+from research.steps import AXIS, train_step
 from research.train import compile_step, train_and_evaluate
 
 GOALS = {"loop_efficiency": 0.97, "augmentation_overhead": 0.95}
@@ -311,9 +311,8 @@ def host_augmented(config, steps: int, workers: int) -> float:
   gather = functools.partial(
     inputs_lib.streamed_gather, step_key=jax.random.key(0), steps_per_epoch=len(data) // b
   )
-  step = jax.pmap(
-    functools.partial(training.train_step, gather=gather), axis_name=AXIS, donate_argnums=(0,)
-  )
+  run = dataclasses.replace(training.run, gather=gather)
+  step = jax.pmap(functools.partial(train_step, run=run), axis_name=AXIS, donate_argnums=(0,))
 
   def jobs():  # finite: the pool's map submits its whole input at once
     for i in range(steps + 3 + 4):  # timed + warm-up steps + what prefetch holds
