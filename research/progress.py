@@ -1,6 +1,6 @@
 """The training loop's bookkeeping: where its wall time goes (Clock), its train records at log
 steps (Progress: one metrics fetch, the NaN check, the console line) and its profile
-(Profiler). research/train.py's loop calls them; they read the run research/run.py built.
+(Profiler). research/train.py's loop calls them; they read what research/setup.py built.
 """
 
 import contextlib
@@ -74,7 +74,7 @@ READS = ("log_every_steps", "log_every_seconds", "batch_size", "steps_per_call")
 
 class Progress:
   """A train record at log steps: one metrics fetch, the NaN check, the line and its notes.
-  `fields`: READS; `training`: the run run.setup built (its schedules, length, seeds and
+  `fields`: READS; `training`: the run setup.setup built (its schedules, length, seeds and
   points)."""
 
   def __init__(self, fields, log, training, start_step: int, echo, checkpoints):

@@ -179,7 +179,7 @@ class Gradients(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-  """The pieces a train step is built from, bound once by the run's set-up (research/run.py
+  """The pieces a train step is built from, bound once by the run's set-up (research/setup.py
   `build_step`) and handed to the step as `run`; `at` adds the compiled step's arguments:
   `horizon` (the run's step count, which schedules end at), `seed` and `hyper` (a sweep's
   values), traced, so that runs of any length, seed and value share one compiled step."""

@@ -1,6 +1,6 @@
 """The training loop: pmap the single-device step, feed it, log, evaluate, checkpoint.
 
-research/run.py's `setup` builds what a run needs, each part once; `train_and_evaluate` pmaps
+research/setup.py's `setup` builds what a run needs, each part once; `train_and_evaluate` pmaps
 the step and runs the loop. Where the data lives and how a step takes its examples is
 research/inputs.py; what one device does in a step is research/steps.py; what the loop records
 is research/progress.py (Clock, Progress, Profiler), so that the loop itself stays a screen long.
@@ -45,7 +45,7 @@ from research.placement import (
 )
 from research.preemption import Preempted, Preemption
 from research.progress import Clock, Profiler, Progress, check_profile_end
-from research.run import Training, setup
+from research.setup import Training, setup
 from research.steps import AXIS
 
 

@@ -1,6 +1,6 @@
 """Every check of a training config that needs neither its data nor a compile, in one place.
 
-`train_config` runs before anything is loaded, compiled or written (run.setup calls it, and
+`train_config` runs before anything is loaded, compiled or written (setup.setup calls it, and
 the scaling report, tools/scaling.py, before its first run), so a mistake costs one `error:` line.
 Checks that need more live where that is known: shard sizes and class counts with the data,
 the profile window against the resumed step (progress.Profiler), the checkpoint's layout.
@@ -114,7 +114,7 @@ GROUP_RANGES = (
 
 def _param_groups(config) -> dict:
   """Each parameter group's fields (research/optim.py); whether each matches a parameter is
-  checked when the optimizer first sees the parameters (optim.labels, in run.setup)."""
+  checked when the optimizer first sees the parameters (optim.labels, in setup.setup)."""
   groups = optim.group_fields(for_module(config, optim))
   for name, fields in groups.items():
     try:

@@ -31,7 +31,7 @@ from research import (
 )
 from research.errors import UserError
 from research.placement import first_replica, replicate
-from research.run import setup
+from research.setup import setup
 from research.train import train_and_evaluate
 from tests import float64, guide
 

@@ -29,7 +29,7 @@ from research import (
 )
 from research import workdir as workdir_lib
 from research.errors import UserError
-from research.run import setup
+from research.setup import setup
 from research.train import train_and_evaluate
 from tests import float64
 

@@ -16,7 +16,7 @@ from PIL import Image
 
 from research import configuration, data, metrics, models, trained, validate
 from research.errors import UserError
-from research.run import setup
+from research.setup import setup
 from research.train import train_and_evaluate
 
 CLASSES = ("red", "green", "blue")

@@ -129,8 +129,8 @@ def test_every_function_of_the_library_is_at_most_60_lines():
 # was built from them.
 CONFIG_MODULES = ("main", "configuration", "validate", "sweep", "workdir")
 WHOLE_CONFIG = {
-  "research/run.py: setup",
-  "research/run.py: build_step",  # setup's, for each program the run switches to
+  "research/setup.py: setup",
+  "research/setup.py: build_step",  # setup's, for each program the run switches to
   "research/train.py: train_and_evaluate",
   "research/experiments/conv2d_scaling.py: check_config",
   "research/experiments/conv2d_scaling.py: measure",

@@ -10,7 +10,7 @@ from PIL import Image
 
 from research import checkpoint, configuration, data, models, trained
 from research.errors import UserError
-from research.run import setup
+from research.setup import setup
 from research.train import train_and_evaluate
 
 pytestmark = pytest.mark.end_to_end  # trains runs or starts processes (docs/testing.md)

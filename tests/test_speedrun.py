@@ -19,7 +19,7 @@ from research import augment, configuration, cpu_forms, models, optim, steps, tr
 from research.errors import UserError
 from research.models import speedrun
 from research.placement import first_replica, replicate
-from research.run import setup
+from research.setup import setup
 from research.steps import AXIS
 from research.train import train_and_evaluate
 from tests import float64

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from research import init_from, metrics, progress, run, schedules, sweep, train, trained
+from research import init_from, metrics, progress, schedules, sweep, train, trained
 from research.errors import UserError
+from research.setup import setup
 from research.train import train_and_evaluate
 from tests import float64
 from tests.test_resilience import _events
@@ -170,11 +171,11 @@ def test_the_speedrun_s_seeds_whiten_with_their_own_images():
   """Parameters from data, per seed: each seed's whitening filters are its single run's."""
   config = float64.config("configs/cifar_speedrun.py:smoke")
   config.update(seed=SEEDS[0], seeds=len(SEEDS))
-  training = run.setup(config)
+  training = setup(config)
   together = training.from_data(training.state).params
   for i, seed in enumerate(SEEDS):
     config.update(seed=seed, seeds=1)
-    single = run.setup(config)
+    single = setup(config)
     alone = single.from_data(single.state).params
     np.testing.assert_array_equal(
       jax.tree.map(lambda x, i=i: x[i], together)["whiten"]["kernel"], alone["whiten"]["kernel"]
@@ -184,8 +185,8 @@ def test_the_speedrun_s_seeds_whiten_with_their_own_images():
 def test_a_fine_tune_starts_from_the_seed_it_names(runs):
   name, _, workdir, _ = runs
   with pytest.raises(UserError, match=r"trained seeds 1-2; choose .*--config.init_from_seed=N"):
-    run.setup(_config(name, init_from=str(workdir)), warm_start=True)
-  training = run.setup(_config(name, init_from=str(workdir), init_from_seed=2), True)
+    setup(_config(name, init_from=str(workdir)), warm_start=True)
+  training = setup(_config(name, init_from=str(workdir), init_from_seed=2), True)
   saved = trained.load(workdir, seed=2).variables["params"]
   same = jax.tree.map(np.array_equal, training.state.params, saved)
   assert all(jax.tree.leaves(same))
@@ -232,7 +233,7 @@ def test_points_that_do_not_fit_the_devices_stop_before_anything_is_written(
 
 def test_seeds_need_resident_data():
   with pytest.raises(UserError, match=r"2 seeds train on one resident copy of the data"):
-    run.setup(_config("cifar_vgg", seeds=2, dataset="imagenette"))
+    setup(_config("cifar_vgg", seeds=2, dataset="imagenette"))
 
 
 def test_a_seed_that_diverges_stops_the_run_and_is_named(tmp_path, nan_after_step):
@@ -360,12 +361,12 @@ def test_load_predict_and_init_from_take_the_best_point_or_the_named_one(sweep_r
   for i, label in enumerate(LABELS):  # a point's config is its single run's
     config = trained.load(workdir, point=label).config
     assert (config.learning_rate, config.sweep, config.seeds) == (RATES[i], "", 1)
-  training = run.setup(_config("cifar_keras_cnn", init_from=str(workdir)), warm_start=True)
+  training = setup(_config("cifar_keras_cnn", init_from=str(workdir)), warm_start=True)
   assert same(training.state.params, each[best])
   assert training.warm["point"] == LABELS[best]  # in the final record, and said:
   assert f"(step 4, its point {LABELS[best]})" in init_from.describe(training.warm)
   config = _config("cifar_keras_cnn", init_from=str(workdir), init_from_point=LABELS[1 - best])
-  assert same(run.setup(config, warm_start=True).state.params, each[1 - best])
+  assert same(setup(config, warm_start=True).state.params, each[1 - best])
   Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(tmp_path / "a.png")
   out = tmp_path / "out.csv"
   for point, i in ((None, best), (LABELS[1 - best], 1 - best)):
@@ -413,7 +414,7 @@ def test_a_point_that_diverges_stops_alone(tmp_path, nan_after_step, capsys):
 )
 def test_a_field_that_cannot_be_swept_is_one_error_line(sweep, message):
   with pytest.raises(UserError, match=message):
-    run.setup(_config("cifar_keras_cnn", sweep=sweep))
+    setup(_config("cifar_keras_cnn", sweep=sweep))
 
 
 def test_a_learning_rate_built_in_python_cannot_be_swept(monkeypatch):
@@ -423,7 +424,7 @@ def test_a_learning_rate_built_in_python_cannot_be_swept(monkeypatch):
   monkeypatch.setitem(schedules.SCHEDULES.options, "in_python", {})
   config = _config("cifar_vgg", sweep="learning_rate=0.1,0.2", schedule="in_python")
   with pytest.raises(UserError, match=r"learning_rate cannot be swept: a schedule of this run"):
-    run.setup(config)
+    setup(config)
 
 
 def test_a_sweep_s_points_are_its_grid_times_its_seeds():

@@ -19,7 +19,7 @@ from research import augment, configuration, cpu_forms, inputs, losses, models, 
 from research.data import ImageDataset
 from research.errors import UserError
 from research.placement import first_replica, replicate
-from research.run import setup
+from research.setup import setup
 from research.steps import AXIS, create_train_state, train_step
 from tests import float64
 

@@ -15,7 +15,7 @@ from PIL import Image
 
 from research import checkpoint, configuration, metrics, trained
 from research.errors import EXIT_USER_ERROR, UserError
-from research.run import setup
+from research.setup import setup
 from research.train import train_and_evaluate
 from tests import launches
 

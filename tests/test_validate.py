@@ -10,7 +10,7 @@ import pytest
 from research import configuration, inputs, main, validate
 from research.data import load as load_in_memory
 from research.errors import UserError
-from research.run import setup
+from research.setup import setup
 from research.train import train_and_evaluate
 
 SMOKE = "configs/cifar_vgg.py:smoke"

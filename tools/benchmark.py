@@ -58,7 +58,7 @@ from research import workdir as workdir_lib
 from research.data import folder
 from research.errors import EXIT_USER_ERROR, UserError, exit_interrupted
 from research.placement import replicate
-from research.run import setup
+from research.setup import setup
 from research.steps import AXIS, train_step
 from research.train import compile_step, train_and_evaluate
 

@@ -267,8 +267,9 @@ def step_speed(config, steps: int, rounds: int = 1) -> dict:
   """Examples/s of the config's pmapped train step on device-resident data (the median of
   `rounds` timings of `steps` steps, each kept where there are several), and its FLOPs."""
 
-  from research import run, train
+  from research import train
   from research.placement import replicate
+  from research.setup import setup
   from tools import benchmark
 
   config.update(
@@ -280,7 +281,7 @@ def step_speed(config, steps: int, rounds: int = 1) -> dict:
     eval_every_steps=0,
     eval_every_epochs=0.0,
   )
-  training = run.setup(config)
+  training = setup(config)
   batches = training.inputs.batches(0)
   first = next(batches)
   rstate = replicate(training.state)

@@ -288,14 +288,15 @@ def test_the_flops_counted_are_the_models_and_the_step_traces_with_its_forms_aft
   CPU forms, before the count and after it (JAX caches traces)."""
   import jax
 
-  from research import configuration, run
+  from research import configuration
   from research.placement import replicate
+  from research.setup import setup
   from research.steps import AXIS
 
   def step(micro_batch_size):
     config = configuration.load("configs/cifar_keras_cnn.py:smoke")
     config.update(batch_size=128, synthetic_train_size=256, micro_batch_size=micro_batch_size)
-    training = run.setup(config)
+    training = setup(config)
     args = replicate(training.state), next(training.inputs.batches(0))
     return training.micro_batch, training.train_step, args, training.state.params
 
