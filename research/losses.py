@@ -13,7 +13,7 @@ The eval reports cross-entropy whatever the training loss is, and its record say
 import optax
 
 from research.fields import KINDS
-from research.models import at_least_float32
+from research.models.base import at_least_float32
 from research.registry import Registry
 
 LOSSES = Registry("loss", "loss", "research.losses")

@@ -52,7 +52,7 @@ class Training:
   eval_every: int  # steps between periodic evals (0: at the end only)
   checkpoint_every: int  # steps between checkpoints (0: by time and at the end only)
   warm_up: bool  # the compiled step and eval run once, results discarded, before the clock
-  warm: dict | None  # what the state took from `init_from` (None: from scratch or resumed)
+  started_from: dict | None  # what the state took from `init_from` (None: from scratch or resumed)
   steps_per_call: int = 1  # steps one call of the compiled program runs (a lax.scan)
   # {field path: value}: the float fields the compiled step takes as an argument
   # (sweep.hyper_values): a run with other values loads it from the compilation cache
@@ -69,9 +69,9 @@ class Training:
     return self.run.micro_batch
 
 
-def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Training:
+def setup(config: ml_collections.ConfigDict, fine_tune: bool = False) -> Training:
   """Checks `config`, opens its data and builds the initial state and the step; writes nothing.
-  `warm_start`: the state starts from `config.init_from`'s checkpoint (checked before any data
+  `fine_tune`: the state starts from `config.init_from`'s checkpoint (checked before any data
   is loaded). Each part and module is handed its fields (research/fields.py), not the config."""
   checked = validate.train_config(config, jax.device_count())  # before any data is loaded
   hyper = sweep_lib.hyper(config)  # the values each point takes, arguments of the step
@@ -83,7 +83,7 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
   stored = data.stored_shape(reads)  # None: the arrays'
   if stored:  # before any image is decoded
     _check_outputs(config.model, model, checked.augment, stored)
-  source = init_from.read(reads, checked.augment, model) if warm_start else None
+  source = init_from.read(reads, checked.augment, model) if fine_tune else None
   runs = sweep_lib.runs_of(config)
   inputs = inputs_lib.for_run(for_module(config, inputs_lib), checked, runs)
   if not stored:  # a registered dataset's arrays, loaded
@@ -94,7 +94,7 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
   )
   tx = optim.create_optimizer(for_module(config, optim), per_epoch, num_steps, checked.groups)
   seeds = runs.seeds
-  state, warm = _first_state(
+  state, started_from = _first_state(
     seeds, config.ema_decay > 0, model, inputs, checked.augment, tx, source
   )
   train_step, run = build_step(config, checked, inputs, state)
@@ -120,7 +120,7 @@ def setup(config: ml_collections.ConfigDict, warm_start: bool = False) -> Traini
     eval_every=eval_every,
     checkpoint_every=checkpoint_every,
     warm_up=config.warm_up,
-    warm=warm,
+    started_from=started_from,
     steps_per_call=config.steps_per_call,
     hyper=hyper,
     model_name=config.model.name,
@@ -181,9 +181,9 @@ def _first_state(seeds: tuple, ema: bool, model, inputs: Inputs, augment, tx, so
   # tx.init labels the parameters: a parameter group that matches none is an error here
   state = create_train_state(init_key, ema, model, model_input.shape[1:], tx, several)
   states = sweep_lib.unstack(state, len(seeds)) if several else [state]
-  warmed = [init_from.apply(s, source) for s in states]
-  state = sweep_lib.stack([s for s, _ in warmed]) if several else warmed[0][0]
-  return state, warmed[0][1]
+  started = [init_from.apply(s, source) for s in states]
+  state = sweep_lib.stack([s for s, _ in started]) if several else started[0][0]
+  return state, started[0][1]
 
 
 def build_step(

@@ -228,10 +228,10 @@ class Run:
     if self.seed is not None:  # the seed's keys: gather's step key, augment's example keys
       gather = functools.partial(gather, step_key=run_keys(self.seed)[2])
       augment = functools.partial(augment, seed=self.seed)
-    ex = gather(state.step, batch)
-    targets = jax.nn.one_hot(ex.labels, self.num_classes)  # [per_device_batch, classes]
-    (images, targets), positions, rng = _augmented(ex, augment, targets=targets)
-    return Batch(images, targets, ex.labels, positions, rng)
+    stored = gather(state.step, batch)  # Examples: uint8, as the data holds them
+    targets = jax.nn.one_hot(stored.labels, self.num_classes)  # [per_device_batch, classes]
+    (images, targets), positions, rng = _augmented(stored, augment, targets=targets)
+    return Batch(images, targets, stored.labels, positions, rng)
 
   def forward(self, state, params, batch_stats, ex: Batch, part=slice(None), train=True):
     """(logits, updated collections) of the model on `ex`'s examples `part`. Every random
@@ -327,18 +327,18 @@ def train_step(state, batch, horizon=None, seed=None, hyper=None, *, run: Run):
   return run.step(state, batch, run)
 
 
-def _augmented(ex: Examples, augment, targets=None):
+def _augmented(stored: Examples, augment, targets=None):
   """(augment's output for this device's examples as their step draws it, their positions in
   the global batch, the step's key for the model's draws): the step's key, the same on every
   device, split into the augmentation's and the model's."""
-  augment_rng, model_rng = jax.random.split(ex.rng)
-  positions = global_positions(ex.labels.shape[0])
+  augment_rng, model_rng = jax.random.split(stored.rng)
+  positions = global_positions(stored.labels.shape[0])
   out = augment(
     augment_rng,
-    ex.images_u8,
-    ex.sizes,
-    epoch=ex.epoch,
-    ids=ex.ids,
+    stored.images_u8,
+    stored.sizes,
+    epoch=stored.epoch,
+    ids=stored.ids,
     positions=positions,
     targets=targets,  # None: the images alone
   )

@@ -159,9 +159,9 @@ def train_and_evaluate(
   Ctrl-C. A resume on other data than `workdir` recorded is an error unless `allow_data_change`.
   """
   workdir, is_main = Path(workdir), jax.process_index() == 0
-  fresh = config.init_from and not (workdir / "checkpoints").is_dir()  # a resume never reads it
-  training = setup(config, warm_start=fresh)
-  warm = training.warm
+  fine_tune = config.init_from and not (workdir / "checkpoints").is_dir()  # a resume: never
+  training = setup(config, fine_tune=fine_tune)
+  started_from = training.started_from
   inputs, num_steps = training.inputs, training.num_steps
   if inputs.fallback_reason and is_main:
     print(
@@ -176,7 +176,7 @@ def train_and_evaluate(
   echo = bar.write if not bar.disable else functools.partial(print, flush=True)
   every = training.checkpoint_every
   checkpoints = checkpoint.Checkpoints(workdir, for_module(config, checkpoint), echo, every)
-  state, extra_times = _initial_state(training, checkpoints, workdir, warm)
+  state, extra_times = _initial_state(training, checkpoints, workdir, started_from)
   start_step = steps.step_of(state)
   profiler = Profiler(config.profile_steps, workdir, start_step, echo)  # its window is checked here
   rstate, skipped_at_start = replicate(state), len(inputs.skipped_files())
@@ -190,7 +190,7 @@ def train_and_evaluate(
   bar.update(start_step)
   log = MetricsLog(workdir, dataset_used=inputs.name, enabled=is_main, echo=echo)
   if is_main:
-    _announce(workdir, config.dataset, training, state, echo, warm)
+    _announce(workdir, config.dataset, training, state, echo, started_from)
   _log_preview(log, training, start_step, first_batch)
   wait_for_all(f"compiled-{start_step}")  # the step's first collectives start together
   batches = itertools.chain([first_batch], stream)
@@ -327,13 +327,13 @@ def statistics_agree(batch_stats, model_name: str) -> None:
   )
 
 
-def _initial_state(training: Training, checkpoints, workdir: Path, warm):
+def _initial_state(training: Training, checkpoints, workdir: Path, started_from):
   """(state, extra): the newest checkpoint's state (a user error where its step is past the
   run's or not a whole number of calls), else the initial one with the parameters the model
-  computes from data; extra: what that took, and what the run took from `init_from` (`warm`),
-  for the final eval's record."""
+  computes from data; extra: what that took, and what the run took from `init_from`
+  (`started_from`), for the final eval's record."""
   state = checkpoints.restore_latest(training.state)  # one that does not fit: UserError
-  start_step, times = steps.step_of(state), ({"init_from": warm} if warm else {})
+  start_step, times = steps.step_of(state), ({"init_from": started_from} if started_from else {})
   if start_step > training.num_steps:
     raise UserError(
       f"{workdir} holds a checkpoint of step {start_step}, past this run's "
@@ -355,9 +355,11 @@ def _initial_state(training: Training, checkpoints, workdir: Path, warm):
   return state, times
 
 
-def _announce(workdir: Path, dataset_requested: str, training: Training, state, echo, warm) -> None:
+def _announce(
+  workdir: Path, dataset_requested: str, training: Training, state, echo, started_from
+) -> None:
   """Process 0's records and lines before the first step: metadata, the run, its data, what
-  it took from `init_from` (`warm`)."""
+  it took from `init_from` (`started_from`)."""
   start_step = steps.step_of(state)
   before = workdir_lib.last_recorded(workdir, "device_count") if start_step else None
   _write_metadata(workdir, dataset_requested, training)
@@ -366,8 +368,8 @@ def _announce(workdir: Path, dataset_requested: str, training: Training, state, 
     echo(note)
   if training.inputs.summary:
     echo(training.inputs.summary + _list_left_out(workdir, training.inputs))
-  if warm:
-    echo(init_from.describe(warm))
+  if started_from:
+    echo(init_from.describe(started_from))
   if start_step:
     echo(f"resumed from the checkpoint at step {start_step}")
   if before and before != jax.device_count():

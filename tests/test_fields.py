@@ -180,7 +180,7 @@ def test_an_old_workdir_without_today_s_fields_loads_evaluates_predicts_and_fine
     workdir_lib.check_resumable(old, today, allow_change=False)  # taken as recorded
   assert loaded.predict(np.zeros((2, 4, 4, 3), np.uint8)).shape == (2, 3)
   assert trained.evaluate(old)["eval_accuracy"] == final["eval_accuracy"]
-  assert setup(_fork_config(init_from=str(old)), warm_start=True).warm["taken"] > 0
+  assert setup(_fork_config(init_from=str(old)), fine_tune=True).started_from["taken"] > 0
 
 
 def _main(argv, monkeypatch, capsys, tmp_path) -> str:

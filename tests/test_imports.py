@@ -3,6 +3,7 @@ tools (tools/), and no module reaches itself through its imports. Every function
 library reads on one screen."""
 
 import ast
+import functools
 import shutil
 import subprocess
 import sys
@@ -25,22 +26,25 @@ def _imports() -> dict[str, set[str]]:
   """{module: the project modules it imports}, every import statement counted (inside
   functions too), `from package import name` resolved to the submodule where there is one."""
   modules = {_module_name(p): p for layer in LAYERS for p in (ROOT / layer).rglob("*.py")}
-  return {
-    name: {m for m in _named_imports(path) if m in modules and m != name}
-    for name, path in modules.items()
-  }
+  graph = {}
+  for name, path in modules.items():
+    found = set()
+    for module, names in _named_imports(path):
+      submodules = {f"{module}.{n}" for n in names} & modules.keys()
+      found |= submodules | ({module} if len(submodules) < len(names) else set())
+    graph[name] = {m for m in found if m in modules and m != name}
+  return graph
 
 
-def _named_imports(path) -> set[str]:
-  """The modules the file `path` imports anywhere in it, and `module.name` for each `from
-  module import name` (a submodule where there is one)."""
-  found = set()
+def _named_imports(path) -> list[tuple[str, list[str]]]:
+  """(module, the names taken from it) of every import in the file `path`, anywhere in it:
+  `import m` as (m, [])."""
+  found = []
   for node in ast.walk(ast.parse(path.read_text())):
     if isinstance(node, ast.Import):
-      found.update(alias.name for alias in node.names)
+      found += [(alias.name, []) for alias in node.names]
     elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-      found.add(node.module)
-      found.update(f"{node.module}.{alias.name}" for alias in node.names)
+      found.append((node.module, [alias.name for alias in node.names]))
   return found
 
 
@@ -55,11 +59,14 @@ def test_the_training_library_never_imports_the_tools():
   assert not wrong, sorted(wrong)
 
 
-def test_no_module_imports_itself_through_other_modules():
-  graph = _imports()
-  # A package's __init__ is imported with each of its modules; that edge is no circle.
-  parent = lambda m: m.rpartition(".")[0]
-  edges = {m: {t for t in ts if t != parent(m)} for m, ts in graph.items()}
+IMPORTS_AT_MOST = 12  # the longest chain of imports, one module importing the next
+
+
+def test_no_module_imports_itself_through_other_modules_and_the_chains_are_short():
+  """No circle in the import graph, a package's modules importing their package included
+  (they import what they share from a module of it: research/models/base.py), and no chain of
+  imports longer than IMPORTS_AT_MOST, tools/ included."""
+  edges = _imports()
   circles, state = [], {}  # state: 1 on the current path, 2 done
 
   def visit(module, path):
@@ -75,6 +82,13 @@ def test_no_module_imports_itself_through_other_modules():
     if module not in state:
       visit(module, [module])
   assert not circles, circles
+
+  @functools.cache
+  def depth(module) -> int:  # the imports of the longest chain from `module`
+    return max((1 + depth(t) for t in edges[module]), default=0)
+
+  deepest = max(edges, key=depth)
+  assert depth(deepest) <= IMPORTS_AT_MOST, (deepest, depth(deepest))
 
 
 def test_without_the_tools_every_config_loads_and_a_run_trains(tmp_path):
@@ -169,6 +183,6 @@ def _imports_of(layers, targets) -> dict[str, set[str]]:
   found = {}
   for layer in layers:
     for path in (ROOT / layer).rglob("*.py"):
-      names = _named_imports(path)
+      names = {n for module, taken in _named_imports(path) for n in (module, *taken)}
       found[_module_name(path)] = {n for n in names if n.split(".")[0] in targets}
   return found

@@ -185,7 +185,7 @@ def test_the_speedrun_s_seeds_whiten_with_their_own_images():
 def test_a_fine_tune_starts_from_the_seed_it_names(runs):
   name, _, workdir, _ = runs
   with pytest.raises(UserError, match=r"trained seeds 1-2; choose .*--config.init_from_seed=N"):
-    setup(_config(name, init_from=str(workdir)), warm_start=True)
+    setup(_config(name, init_from=str(workdir)), fine_tune=True)
   training = setup(_config(name, init_from=str(workdir), init_from_seed=2), True)
   saved = trained.load(workdir, seed=2).variables["params"]
   same = jax.tree.map(np.array_equal, training.state.params, saved)
@@ -361,12 +361,12 @@ def test_load_predict_and_init_from_take_the_best_point_or_the_named_one(sweep_r
   for i, label in enumerate(LABELS):  # a point's config is its single run's
     config = trained.load(workdir, point=label).config
     assert (config.learning_rate, config.sweep, config.seeds) == (RATES[i], "", 1)
-  training = setup(_config("cifar_keras_cnn", init_from=str(workdir)), warm_start=True)
+  training = setup(_config("cifar_keras_cnn", init_from=str(workdir)), fine_tune=True)
   assert same(training.state.params, each[best])
-  assert training.warm["point"] == LABELS[best]  # in the final record, and said:
-  assert f"(step 4, its point {LABELS[best]})" in init_from.describe(training.warm)
+  assert training.started_from["point"] == LABELS[best]  # in the final record, and said:
+  assert f"(step 4, its point {LABELS[best]})" in init_from.describe(training.started_from)
   config = _config("cifar_keras_cnn", init_from=str(workdir), init_from_point=LABELS[1 - best])
-  assert same(setup(config, warm_start=True).state.params, each[1 - best])
+  assert same(setup(config, fine_tune=True).state.params, each[1 - best])
   Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(tmp_path / "a.png")
   out = tmp_path / "out.csv"
   for point, i in ((None, best), (LABELS[1 - best], 1 - best)):

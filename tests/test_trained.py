@@ -342,5 +342,5 @@ def test_an_ema_run_with_a_fork_s_eval_metric_evaluates_loads_and_fine_tunes(tmp
   assert record["eval_weights"] == "ema" and record["eval_loss"] == final["eval_loss"]
   assert record["eval_test_top3"] == final["eval_test_top3"]
   config.update(init_from=str(tmp_path / "run"), ema_decay=0.0)
-  for a, b in pairs(setup(config, warm_start=True).state.params, saved["ema_params"]):
+  for a, b in pairs(setup(config, fine_tune=True).state.params, saved["ema_params"]):
     np.testing.assert_array_equal(a, b)  # a fine-tune starts from the average

@@ -61,6 +61,7 @@ from research.placement import replicate
 from research.setup import setup
 from research.steps import AXIS, train_step
 from research.train import compile_step, train_and_evaluate
+from tools import measure
 
 GOALS = {"loop_efficiency": 0.97, "augmentation_overhead": 0.95}
 CONFIGS = ("configs/cifar_vgg.py", "configs/cifar_keras_cnn.py")
@@ -85,19 +86,6 @@ def _config(path: str, small: bool, **overrides):
   return config
 
 
-def time_steps(p_step, rstate, batches, steps: int, warmup: int = 3):
-  """(seconds of `steps` back-to-back steps after `warmup` steps, the state after them);
-  blocks once at the end. The state passed in is donated: use the one returned."""
-  for _ in range(warmup):
-    rstate, metrics = p_step(rstate, next(batches))
-  jax.block_until_ready(rstate)
-  start = time.perf_counter()
-  for _ in range(steps):
-    rstate, metrics = p_step(rstate, next(batches))
-  jax.block_until_ready(metrics)
-  return time.perf_counter() - start, rstate
-
-
 def _bare(config):
   """(training, step, its compiled program, the replicated state, the batches): the config's
   step as its run compiles it (train.compile_step), alone: no logging, no fetches. Its first
@@ -113,7 +101,7 @@ def _bare(config):
 def bare_step(config, steps: int) -> float:
   """Examples/s of the pmapped step alone on device-resident data: no logging, no fetches."""
   _, step, _, rstate, batches = _bare(config)
-  seconds, _ = time_steps(step, rstate, batches, steps)
+  seconds, _ = measure.time_steps(step, rstate, batches, steps)
   return steps * config.batch_size / seconds
 
 
@@ -139,7 +127,7 @@ def _steady_examples_per_sec(config, seconds: float = 10.0) -> tuple[float, int]
     rstate, metrics = step(rstate, next(batches))
     jax.block_until_ready(metrics)
   steps = max(2, min(20, round(seconds / (time.perf_counter() - start))))
-  timed, _ = time_steps(step, rstate, batches, steps, warmup=0)
+  timed, _ = measure.time_steps(step, rstate, batches, steps, warmup=0)
   return steps * config.batch_size / timed, training.micro_batch
 
 
@@ -177,17 +165,19 @@ def seeds_cost(
       points = {"seeds": count} if axis == "seeds" else _learning_rates(path, count)
       config = _config(path, small, seeds_mode=mode, **points, **overrides)
       _, p_step, _, rstate, batches = _bare(config)
-      _, rstate = time_steps(p_step, rstate, batches, 1, warmup=4)  # compiled, the heap grown
+      _, rstate = measure.time_steps(
+        p_step, rstate, batches, 1, warmup=4
+      )  # compiled, the heap grown
       runs[name] = [p_step, rstate, batches, count]
   one_step = {}
   for name, run in runs.items():  # about `seconds` a round for each
-    took, run[1] = time_steps(run[0], run[1], run[2], 2, warmup=0)
+    took, run[1] = measure.time_steps(run[0], run[1], run[2], 2, warmup=0)
     one_step[name] = took / 2
   timed = {name: [] for name in runs}
   for _ in range(rounds):
     for name, run in runs.items():
       steps = max(2, round(seconds / one_step[name]))
-      took, run[1] = time_steps(run[0], run[1], run[2], steps, warmup=0)
+      took, run[1] = measure.time_steps(run[0], run[1], run[2], steps, warmup=0)
       timed[name].append(took / steps)
   per_seed = {name: statistics.median(t) / runs[name][3] for name, t in timed.items()}
   first = next(iter(runs))
@@ -245,14 +235,14 @@ def form_gains(path: str, variants: list[str], rounds: int, seconds: float = 6.0
     programs[name] = program.as_text()
     if name != default and programs[name] == programs.get(default):
       continue
-    per_step, rstate = time_steps(p_step, rstate, batches, 1, warmup=3)  # the heap grows
+    per_step, rstate = measure.time_steps(p_step, rstate, batches, 1, warmup=3)  # the heap grows
     compiled[name] = [p_step, rstate, batches, max(1, round(seconds / per_step))]
   speeds = {name: [] for name in compiled}
   batch = _config(path, False).batch_size
   for i in range(rounds):
     for name in list(compiled) if i % 2 == 0 else reversed(compiled):  # none always first
       p_step, rstate, batches, steps = compiled[name]
-      timed, compiled[name][1] = time_steps(p_step, rstate, batches, steps, warmup=1)
+      timed, compiled[name][1] = measure.time_steps(p_step, rstate, batches, steps, warmup=1)
       speeds[name].append(steps * batch / timed)
   result = {"examples_per_sec": {name: statistics.median(v) for name, v in speeds.items()}}
   if default in speeds:  # what the default's forms gain over each variant's, round by round
@@ -323,7 +313,7 @@ def host_augmented(config, steps: int, workers: int) -> float:
     augmented = pool.map(_host_augment, jobs())
     batches = ({"image": x, "label": labels[:b]} for x in augmented)
     on_devices = inputs_lib.prefetch_to_devices(batches, 2)
-    seconds, _ = time_steps(step, replicate(training.state), on_devices, steps)
+    seconds, _ = measure.time_steps(step, replicate(training.state), on_devices, steps)
   return steps * b / seconds
 
 
@@ -338,20 +328,6 @@ def conv2d_vs_scipy(repeats: int = 5) -> float:
   return scipy_s / parts["compute_s"]
 
 
-def imagenet_sized_jpegs(directory: Path, count: int, first_seed: int = 0) -> list[Path]:
-  """`count` photo-like 500×375 JPEGs at quality 90 (ImageNet's typical size; ~75 kB each)."""
-  directory.mkdir(parents=True, exist_ok=True)
-  paths = []
-  for i in range(count):
-    rng = np.random.default_rng(first_seed + i)
-    coarse = Image.fromarray(rng.integers(0, 256, (24, 32, 3), np.uint8))
-    smooth = np.asarray(coarse.resize((500, 375), Image.BICUBIC), np.float32)
-    texture = np.clip(smooth + rng.normal(0, 10, smooth.shape), 0, 255).astype(np.uint8)
-    paths.append(directory / f"{i:04d}.jpg")
-    Image.fromarray(texture).save(paths[-1], quality=90)
-  return paths
-
-
 def decode_speed(workdir: Path, count: int, host_sizes=(320, 160)) -> dict:
   """Images/s of ONE process (one data worker) decoding ImageNet-sized JPEGs to host size.
 
@@ -360,7 +336,7 @@ def decode_speed(workdir: Path, count: int, host_sizes=(320, 160)) -> dict:
   lets libjpeg decode at 1/2–1/8 scale when that still covers the host size (Image.draft).
   Each is the median of 3 passes over the files, the variants interleaved pass by pass.
   """
-  paths = [str(p) for p in imagenet_sized_jpegs(workdir / "jpegs", count)]
+  paths = [str(p) for p in measure.imagenet_sized_jpegs(workdir / "jpegs", count)]
 
   def full(path):
     with Image.open(path) as image:

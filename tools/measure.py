@@ -270,7 +270,6 @@ def step_speed(config, steps: int, rounds: int = 1) -> dict:
   from research import train
   from research.placement import replicate
   from research.setup import setup
-  from tools import benchmark
 
   config.update(
     dataset="synthetic",
@@ -290,7 +289,7 @@ def step_speed(config, steps: int, rounds: int = 1) -> dict:
   speeds = []
   for i in range(rounds):
     # Five warm-up steps: on CPU the first few grow the host heap (research/host_memory.py).
-    seconds, rstate = benchmark.time_steps(step, rstate, batches, steps, warmup=5 * (i == 0))
+    seconds, rstate = time_steps(step, rstate, batches, steps, warmup=5 * (i == 0))
     speeds.append(steps * config.batch_size / seconds)
   return {
     "batch_size": config.batch_size,
@@ -550,13 +549,12 @@ def _train(args: list[str], workdir: Path, budget_end: float) -> bool:
 
 def _jpeg_folder(root: Path, classes: int, per_class: int) -> Path:
   """An image folder of generated 500×375 JPEGs: `per_class` train and 4 val images a class."""
-  from tools import benchmark
 
   done = root / f".complete-{classes}x{per_class}"
   if not done.exists():
     for k in range(classes):
-      benchmark.imagenet_sized_jpegs(root / "train" / f"c{k:02d}", per_class, k * per_class)
-      benchmark.imagenet_sized_jpegs(root / "val" / f"c{k:02d}", 4, 10**6 + 4 * k)
+      imagenet_sized_jpegs(root / "train" / f"c{k:02d}", per_class, k * per_class)
+      imagenet_sized_jpegs(root / "val" / f"c{k:02d}", 4, 10**6 + 4 * k)
     done.touch()
   return root
 
@@ -644,3 +642,34 @@ def main_run(m: Measurement, device: dict, workdir: Path, budget_end: float, dat
   dataset = f"{data.name} ({len(scanned.train.paths):,} train, {final['eval_examples']:,} test)"
   command = "./launch.sh " + shlex.join(args)
   return [_record(m, device, command, numbers, dataset=dataset, curve=curve)]
+
+
+def time_steps(p_step, rstate, batches, steps: int, warmup: int = 3):
+  """(seconds of `steps` back-to-back steps after `warmup` steps, the state after them);
+  blocks once at the end. The state passed in is donated: use the one returned."""
+  import jax
+
+  for _ in range(warmup):
+    rstate, metrics = p_step(rstate, next(batches))
+  jax.block_until_ready(rstate)
+  start = time.perf_counter()
+  for _ in range(steps):
+    rstate, metrics = p_step(rstate, next(batches))
+  jax.block_until_ready(metrics)
+  return time.perf_counter() - start, rstate
+
+
+def imagenet_sized_jpegs(directory: Path, count: int, first_seed: int = 0) -> list[Path]:
+  """`count` photo-like 500×375 JPEGs at quality 90 (ImageNet's typical size; ~75 kB each)."""
+  from PIL import Image
+
+  directory.mkdir(parents=True, exist_ok=True)
+  paths = []
+  for i in range(count):
+    rng = np.random.default_rng(first_seed + i)
+    coarse = Image.fromarray(rng.integers(0, 256, (24, 32, 3), np.uint8))
+    smooth = np.asarray(coarse.resize((500, 375), Image.BICUBIC), np.float32)
+    texture = np.clip(smooth + rng.normal(0, 10, smooth.shape), 0, 255).astype(np.uint8)
+    paths.append(directory / f"{i:04d}.jpg")
+    Image.fromarray(texture).save(paths[-1], quality=90)
+  return paths

@@ -5,23 +5,30 @@ handed its view of the config: a dataset's fields (`data_dir`, `seed`, the sizes
 it declares, `register(name, fields={...})`.
 Image folders (`folder`) and TFDS datasets that stream (STREAMED) are read by their modules."""
 
-import dataclasses
-import hashlib
-import os
-from pathlib import Path
-
 import numpy as np
 
+from research.data.base import (  # the package's public names, its modules' shared ones
+  CACHE as CACHE,
+)
+from research.data.base import (
+  DATASETS as DATASETS,
+)
+from research.data.base import (
+  ImageDataset as ImageDataset,
+)
+from research.data.base import (
+  fingerprint as fingerprint,
+)
+from research.data.base import (
+  register as register,
+)
 from research.errors import UserError
 from research.fields import of_part
-from research.registry import Registry
 
 STREAMED = ("imagenet2012", "imagenette")  # tfds array_record, research/data/streaming.py
 READ = (*STREAMED, "folder")  # read by their modules; folder: resident or streamed
 PLACEMENTS = ("auto", "resident", "streamed")
 STREAMED_CLASSES = {"imagenet2012": 1000, "imagenette": 10}  # a folder's: its directories
-DATASETS = Registry("dataset", "dataset", "research.data")
-register = DATASETS.register  # register(name, num_classes=N): N checked before loading
 CIFAR10_NAMES = (
   "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"
 )  # fmt: skip
@@ -35,38 +42,6 @@ def class_names(dataset: str, num_classes: int, given=None) -> tuple[str, ...]:
   if dataset == "cifar10" and num_classes == len(CIFAR10_NAMES):
     return CIFAR10_NAMES
   return tuple(str(label) for label in range(num_classes))
-
-
-# Where downloaded archives and decoded image folders are kept.
-CACHE = Path(os.environ.get("RESEARCH_DATA_CACHE", Path.home() / ".cache" / "research"))
-
-
-@dataclasses.dataclass
-class ImageDataset:
-  """A whole dataset in host memory, ready to be uploaded once to the devices."""
-
-  name: str  # the dataset actually used: "cifar10", "folder" or "synthetic"
-  source: str  # where it was read from, for the run metadata
-  train_images: np.ndarray  # uint8 [N, H, W, C]
-  train_labels: np.ndarray  # int32 [N]
-  test_images: np.ndarray  # uint8 [M, H, W, C]
-  test_labels: np.ndarray  # int32 [M]
-  num_classes: int
-  fallback_reason: str = ""  # why synthetic data replaced the requested dataset, if it did
-  # The classes' names in label order (recorded with the run: predict and trained.load name
-  # the classes by them); () for the labels as text
-  classes: tuple = ()
-  skipped_files: list = dataclasses.field(default_factory=list)  # undecodable, skipped
-  resized: int = 0  # images brought to the dataset's one size (image folders)
-
-
-def fingerprint(*arrays: np.ndarray) -> str:
-  """A short digest of array contents: tells whether a resumed run sees the same data."""
-  digest = hashlib.sha1()
-  for a in arrays:
-    digest.update(str((a.dtype, a.shape)).encode())
-    digest.update(np.ascontiguousarray(a).data)
-  return digest.hexdigest()[:16]
 
 
 def check_num_classes(where: str, classes: int, num_classes: int) -> None:

@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from research import environment
-from research.data import CACHE, ImageDataset, register, synthetic
+from research.data import synthetic
+from research.data.base import CACHE, ImageDataset, register
 from research.errors import UserError
 
 URL = os.environ.get(

@@ -29,7 +29,7 @@ import tqdm
 from PIL import ExifTags, Image
 
 from research import host_workers
-from research.data import CACHE, ImageDataset
+from research.data.base import CACHE, ImageDataset
 from research.errors import UserError
 
 EVAL_SPLITS = ("val", "validation", "test")  # the first one present is the eval split

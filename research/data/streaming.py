@@ -29,7 +29,8 @@ from grain.multiprocessing import SharedMemoryArray
 from PIL import Image
 
 from research import environment, host_workers
-from research.data import fingerprint, folder
+from research.data import folder
+from research.data.base import fingerprint
 from research.errors import UserError
 
 EVAL_SPLIT = {"imagenet2012": "validation", "imagenette": "validation"}

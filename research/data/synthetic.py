@@ -8,7 +8,7 @@ handful of steps. Deterministic in `seed`.
 
 import numpy as np
 
-from research.data import ImageDataset, register
+from research.data.base import ImageDataset, register
 
 CLASSES = 10  # at most: a model with fewer outputs gets as many
 

@@ -35,18 +35,21 @@ from collections.abc import Callable
 import flax
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
 from research.cpu_forms import cpu_forms_applied
 from research.errors import UserError
 from research.fields import View, of_part
-from research.registry import Registry
-
-MODELS = Registry("model", "model.name", "research.models")
-register = MODELS.register
-
+from research.models.base import (  # the package's public names, its models' shared ones
+  MODELS as MODELS,
+)
+from research.models.base import (
+  at_least_float32 as at_least_float32,
+)
+from research.models.base import (
+  register as register,
+)
 
 MODES = {"train": lambda train: train, "deterministic": lambda train: not train}
 # How a fork wraps a model whose __call__ needs more than the step passes (docs/extending.md)
@@ -103,12 +106,6 @@ def check_float64(model_config) -> None:
       f"{' and '.join(asked)} needs JAX's 64-bit types, which are off: run with "
       "JAX_ENABLE_X64=1 in the environment (or jax.config.update('jax_enable_x64', True))"
     )
-
-
-def at_least_float32(x) -> jnp.dtype:
-  """`x`'s dtype, or float32 where it is narrower (bfloat16): what logits, losses and eval sums
-  are kept in; a float64 model's stay float64."""
-  return jnp.promote_types(x.dtype, jnp.float32)
 
 
 class FromNnx(nn.Module):

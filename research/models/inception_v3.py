@@ -24,9 +24,9 @@ import functools
 import flax.linen as nn
 import jax.numpy as jnp
 
-from research import models
 from research.errors import UserError
 from research.fields import View, in_ranges
+from research.models.base import at_least_float32, register
 
 
 class ConvBN(nn.Module):
@@ -198,10 +198,10 @@ class InceptionV3(nn.Module):
     logits = nn.Dense(
       self.num_classes, dtype=self.dtype, param_dtype=self.param_dtype, name="logits"
     )(x)
-    at_least_float32 = models.at_least_float32(logits)
+    kept = at_least_float32(logits)
     if train and aux is not None:  # for `loss`, below
-      self.sow("intermediates", "auxiliary_logits", aux.astype(at_least_float32))
-    return logits.astype(at_least_float32)
+      self.sow("intermediates", "auxiliary_logits", aux.astype(kept))
+    return logits.astype(kept)
 
 
 RANGES = (
@@ -211,7 +211,7 @@ RANGES = (
 )
 
 
-@models.register(
+@register(
   "inception_v3",
   fields={
     "aux_logits": True,

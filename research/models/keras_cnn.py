@@ -11,9 +11,9 @@ import functools
 import flax.linen as nn
 import jax.numpy as jnp
 
-from research import models
 from research.cpu_forms import max_pool  # nn.max_pool, its gradient faster on CPU
 from research.fields import View
+from research.models.base import register
 
 
 class KerasCNN(nn.Module):
@@ -37,7 +37,7 @@ class KerasCNN(nn.Module):
     return dense(self.num_classes)(x)
 
 
-@models.register("keras_cnn", fields={"param_dtype": "float32"})
+@register("keras_cnn", fields={"param_dtype": "float32"})
 def create(model_config: View, axis_name: str | None) -> nn.Module:
   del axis_name  # no BatchNorm
   return KerasCNN(

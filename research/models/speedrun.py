@@ -26,10 +26,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from research import models
 from research.cpu_forms import max_pool  # nn.max_pool, its gradient faster on CPU
 from research.errors import UserError
 from research.fields import View, in_ranges
+from research.models.base import at_least_float32, register
 
 WHITEN = 2  # pixels per side of the whitening patches
 
@@ -130,7 +130,7 @@ class SpeedrunNet(nn.Module):
       name="head",
     )
     logits = head(x) / x.shape[-1]
-    return logits.astype(models.at_least_float32(logits))
+    return logits.astype(at_least_float32(logits))
 
 
 def data_statistics(model_config, images):
@@ -184,7 +184,7 @@ def check(model_config: View) -> None:
     )
 
 
-@models.register(
+@register(
   "speedrun",
   fields={
     "widths": (64, 256, 256),

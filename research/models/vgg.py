@@ -11,10 +11,10 @@ import functools
 import flax.linen as nn
 import jax.numpy as jnp
 
-from research import models
 from research.cpu_forms import max_pool  # nn.max_pool, its gradient faster on CPU
 from research.errors import UserError
 from research.fields import View, in_ranges
+from research.models.base import register
 
 # Channels per conv; "M" is a 2×2 max-pool. Five pools take 32×32 down to 1×1.
 STAGES = {
@@ -67,7 +67,7 @@ def check(model_config: View) -> None:
   in_ranges(model_config, (("width", "> 0", lambda x: x > 0),))
 
 
-@models.register("vgg", fields={"depth": 16, "width": 1.0, "param_dtype": "float32"}, check=check)
+@register("vgg", fields={"depth": 16, "width": 1.0, "param_dtype": "float32"}, check=check)
 def create(model_config: View, axis_name: str | None) -> nn.Module:
   return VGG(
     depth=model_config.depth,
