@@ -254,7 +254,7 @@ def complete(config: ml_collections.ConfigDict) -> None:
     return
   for registry, name in named(config):
     node = config.model if registry.kind == "model" else config
-    for field, default in registry.fields.get(name, {}).items():
+    for field, default in registry.declared.get(name, {}).items():
       if field not in node:
         node[field] = default
 
@@ -266,7 +266,7 @@ def owners() -> dict:
   schedules)."""
   found = {}
   for registry in _registries().values():
-    for name, declared in registry.fields.items():
+    for name, declared in registry.declared.items():
       top = registry.kind != "model"
       paths = [f if top else f"model.{f}" for f in declared]
       if registry.kind in ("optimizer", "schedule"):
@@ -297,7 +297,7 @@ def _declared_default(config, path: str):
   if path not in owners():
     return MISSING
   for registry in _registries().values():
-    for declared in registry.fields.values():
+    for declared in registry.declared.values():
       if leaf in declared:
         return declared[leaf]
   return MISSING
@@ -336,7 +336,7 @@ def unused(config: ml_collections.ConfigDict) -> list[str]:
     return []
   read = {*fields_lib.library().keys(), *(f"model.{f}" for f in fields_lib.KINDS["model"])}
   for registry, name in named(config):
-    declared = registry.fields.get(name, {})
+    declared = registry.declared.get(name, {})
     read.update(f if registry.kind != "model" else f"model.{f}" for f in declared)
   paths = [*config, *(f"model.{f}" for f in config.get("model", {}))]
   declared = owners()

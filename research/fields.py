@@ -355,7 +355,7 @@ def of_part(registry, name: str, source, prefix: str = "") -> View:
   sub-config; a parameter group's fields for its optimizer and schedule): its kind's fields
   and those it declared, at their defaults where `source` does not set them; `prefix`: where
   `source` is in the config ("model.", "param_groups.NAME."), for messages (`View.name_of`)."""
-  kind_fields, declared = KINDS[registry.kind], registry.fields.get(name, {})
+  kind_fields, declared = KINDS[registry.kind], registry.declared.get(name, {})
   part = f"{registry.kind} {name!r}"
   values = _pick(source, kind_fields, part)
   values |= {field: source.get(field, d) for field, d in declared.items()}

@@ -58,7 +58,7 @@ READS = (
 def reads() -> tuple:
   """READS, a dataset's fields (fields.KINDS) and those every registered dataset declares: the
   data's loader is handed its view of them (research/data/__init__.py `load`)."""
-  declared = [f for d in data_lib.DATASETS.fields.values() for f in d]
+  declared = [f for d in data_lib.DATASETS.declared.values() for f in d]
   return tuple(dict.fromkeys((*READS, *KINDS["dataset"], *declared)))
 
 

@@ -22,7 +22,7 @@ register = LOSSES.register
 
 def reads(name: str) -> tuple:
   """The config fields the loss `name` reads: a loss's and those it declares."""
-  return (*KINDS["loss"], *LOSSES.fields[name])
+  return (*KINDS["loss"], *LOSSES.declared[name])
 
 
 @register("cross_entropy")

@@ -51,7 +51,7 @@ def per_class(totals) -> np.ndarray:
 def bound(name: str, source=None):
   """The eval metric `name` as `(logits, labels) -> [batch, ...]`: one that declared fields
   (`register(name, fields={...})`) is called with its view of `source` (the config) third."""
-  metric, declared = EVAL_METRICS.get(name), bool(EVAL_METRICS.fields.get(name))
+  metric, declared = EVAL_METRICS.get(name), bool(EVAL_METRICS.declared.get(name))
   args = ("logits", "labels", "fields") if declared else ("logits", "labels")
   try:
     inspect.signature(metric).bind(*args)

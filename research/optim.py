@@ -60,7 +60,7 @@ READS = (
 def reads() -> tuple:
   """READS and every field a registered optimizer or schedule declares (a group inherits the
   config's value of one)."""
-  declared = [f for r in (OPTIMIZERS, schedules.SCHEDULES) for d in r.fields.values() for f in d]
+  declared = [f for r in (OPTIMIZERS, schedules.SCHEDULES) for d in r.declared.values() for f in d]
   return (*READS, *dict.fromkeys(declared))
 
 
@@ -340,8 +340,8 @@ def group_fields(fields) -> dict:
     optimizer = settings.get("optimizer", scalars["optimizer"])
     schedule = settings.get("schedule", scalars["schedule"])
     declared = {
-      **schedules.SCHEDULES.fields.get(schedule, {}),
-      **OPTIMIZERS.fields.get(optimizer, {}),
+      **schedules.SCHEDULES.declared.get(schedule, {}),
+      **OPTIMIZERS.declared.get(optimizer, {}),
     }
     merged = {**declared, **scalars, **GROUP_DEFAULTS, "learning_rate": 0.0, **settings}
     if merged.get("muon_dtype") == "model":  # Muon in the model's compute dtype

@@ -23,9 +23,9 @@ class Registry:
     self.home = home  # the module whose `register` adds one: "research.losses"
     self.parts: dict[str, Callable] = {}
     self.options: dict[str, dict] = {}
-    self.fields: dict[str, dict] = {}  # {name: {config field it declares: its default}}
+    self.declared: dict[str, dict] = {}  # {name: {config field it declares: its default}}
     self.checks: dict[str, Callable] = {}  # {name: its own check of its fields}
-    fields_lib.REGISTERED.append(self.fields)  # what a View knows to be a field
+    fields_lib.REGISTERED.append(self.declared)  # what a View knows to be a field
 
   def register(
     self, name: str, fields: dict | None = None, check: Callable | None = None, **options
@@ -49,7 +49,7 @@ class Registry:
         )
       self.parts[name] = part
       self.options[name] = options
-      self.fields[name] = declared
+      self.declared[name] = declared
       self.checks[name] = check
       return part
 

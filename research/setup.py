@@ -260,7 +260,7 @@ def _from_data(model_config, inputs: Inputs, preprocess, seeds: tuple) -> "FromD
       f"model {model_config.name!r} computes parameters from training images, which needs "
       f"data resident on the devices; {inputs.name} streams (use data_placement='resident')"
     )
-  view = models.fields(model_config)  # what the model's module is handed
+  view = models.view(model_config)  # what the model's module is handed
   return FromData(view, inputs.first_images, preprocess, *functions, seeds)
 
 
@@ -274,7 +274,7 @@ class FromData:
   that the call itself is the computation alone. `seeds`: one sample and one init per seed,
   for a state with a leading seed axis (config.seeds > 1)."""
 
-  model_config: object  # the model's fields (models.fields)
+  model_config: object  # the model's fields (models.view)
   first_images: Callable[[int], np.ndarray]
   preprocess: Pipeline
   statistics: Callable

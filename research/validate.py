@@ -221,7 +221,7 @@ def _swept_in_the_step(config) -> None:
   eval metric's, or a part's this run does not name): every point would train alike."""
   read = set(fields_lib.library())
   for registry, name in configuration.named(config):
-    read |= set(registry.fields.get(name, {})) if registry.kind in TRACED else set()
+    read |= set(registry.declared.get(name, {})) if registry.kind in TRACED else set()
   for path in sweep.parse(config.get("sweep", "")):
     if "." not in path and path not in read:  # a group's fields: its optimizer's, schedule's
       owner = configuration.owners().get(path, "no part")

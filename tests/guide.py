@@ -36,17 +36,15 @@ def registered():
 
   modules = [m for name, m in list(sys.modules.items()) if name.startswith("research")]
   registries = {id(r): r for m in modules for r in vars(m).values() if isinstance(r, Registry)}
-  saved = [
-    (r, dict(r.parts), dict(r.options), dict(r.fields), dict(r.checks)) for r in registries.values()
-  ]
+  held = lambda r: (r.parts, r.options, r.declared, r.checks)
+  saved = [(r, *map(dict, held(r))) for r in registries.values()]
   flags = [(s, set(s)) for s in vars(augment).values() if isinstance(s, set)]
   try:
     yield
   finally:
     for registry, *kept in saved:
-      held_now = (registry.parts, registry.options, registry.fields, registry.checks)
-      for held, was in zip(held_now, kept, strict=True):
-        held.clear()
-        held.update(was)
+      for now, was in zip(held(registry), kept, strict=True):
+        now.clear()
+        now.update(was)
     for names, before in flags:
       names.intersection_update(before)

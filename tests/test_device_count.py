@@ -29,7 +29,7 @@ CONFIGS = {
 ONE_DEVICE = (
   "from research import models\n"
   "from research.models import vgg\n"
-  "models.register('vgg_one_device', fields=models.MODELS.fields['vgg'])(\n"
+  "models.register('vgg_one_device', fields=models.MODELS.declared['vgg'])(\n"
   "  lambda model_config, axis_name: vgg.create(model_config, axis_name=None)\n"
   ")\n"
 )

@@ -155,7 +155,7 @@ def test_the_whitening_in_float32_on_the_device_is_the_float64_one_to_1e_4():
   images = jax.jit(preprocess)(jax.random.key(0), images_u8)
   statistics = jax.device_get(jax.jit(functools.partial(speedrun.data_statistics, None))(images))
   params = {"whiten": {"kernel": None, "bias": None}}
-  view = models.fields(config.model)
+  view = models.view(config.model)
   kernel = speedrun.init_from_data(view, params, statistics)["whiten"]["kernel"]
 
   patches = np.lib.stride_tricks.sliding_window_view(np.asarray(images), (2, 2), axis=(1, 2))

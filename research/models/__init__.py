@@ -56,19 +56,19 @@ MODES = {"train": lambda train: train, "deterministic": lambda train: not train}
 ADAPTER = "a module whose __call__(self, x, train: bool) returns YourModel(...)(x, ...)"
 
 
-def fields(model_config) -> View:
+def view(model_config) -> View:
   """The view of the model sub-config its model is handed: `name`, `num_classes`, `dtype` and
   the fields it declared (`register(name, fields={...})`), at their defaults where unset."""
   return of_part(MODELS, model_config.name, model_config)
 
 
 def create(model_config, axis_name: str | None) -> nn.Module:
-  """The flax module of the model registered as `model_config.name` (given its `fields`); a
+  """The flax module of the model registered as `model_config.name` (given its `view`); a
   user error for a model the step cannot call: its `__call__` must take the images, and at
   most its mode besides, or for a float64 model where JAX's 64-bit types are off."""
   name = model_config.name
   check_float64(model_config)
-  module = MODELS.get(name)(fields(model_config), axis_name)
+  module = MODELS.get(name)(view(model_config), axis_name)
   if isinstance(module, type) and issubclass(module, nnx.Module):
     module = FromNnx(module, axis_name=axis_name)  # an NNX class, as flax's examples write one
   if not isinstance(module, nn.Module):
