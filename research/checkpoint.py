@@ -69,6 +69,9 @@ READS = (
 )
 
 
+UNREADABLE = "checkpoints_unreadable"  # where a resume moves the checkpoints it cannot read
+
+
 class Checkpoints:
   """Saves every `every` steps (default: `checkpoint_every_steps`), and once
   `checkpoint_every_minutes` passed since the last save (or the launch), into
@@ -110,7 +113,8 @@ class Checkpoints:
 
     A checkpoint that does not fit `state` (another model or optimizer) is a UserError and
     nothing is touched. One that cannot be read at all (a crash mid-write, a damaged disk) is
-    moved to checkpoints_unreadable/ by process 0, never deleted, and the one before it is used.
+    moved to checkpoints_unreadable/ by process 0, never deleted, and the one before it is used;
+    none left (and some moved, now or before) is a UserError: a run never restarts silently.
     """
     target = serialization.to_state_dict(state)
     for step in sorted(self.manager.all_steps(), reverse=True):
@@ -130,13 +134,20 @@ class Checkpoints:
         self._set_aside(step, e)
         continue
       return serialization.from_state_dict(state, restored)
+    aside = self.directory.parent / UNREADABLE
+    if aside.is_dir():  # a run that had checkpoints: never a silent start from step 0
+      raise UserError(
+        f"no readable checkpoint is left in {self.directory}: the unreadable ones are in "
+        f"{aside}; to start over, delete {self.directory.parent} (or give another --workdir)"
+      )
     return state
 
   def _set_aside(self, step: int, error: Exception) -> None:
-    aside = self.directory.parent / "checkpoints_unreadable" / str(step)
+    aside = self.directory.parent / UNREADABLE / str(step)
+    older = any(s < step for s in self.manager.all_steps())
     self.echo(
       f"warning: the checkpoint at step {step} is unreadable ({type(error).__name__}: "
-      f"{str(error)[:200]}); moved it to {aside} and trying the one before it"
+      f"{str(error)[:200]}); moved it to {aside}" + ("; trying the one before it" if older else "")
     )
     wait_for_all(f"checkpoint-{step}-unreadable")  # every process has looked before one moves it
     if jax.process_index() == 0:
@@ -211,14 +222,52 @@ def steps_in(workdir: Path, step: int | None = None) -> int:
   return step
 
 
-def read(workdir: Path, step: int | None = None) -> tuple[int, dict]:
-  """(step, the saved train state as nested dicts of host arrays) of the newest checkpoint in
-  `workdir`, or of `step`'s; reads only, and a missing one is a user error."""
-  step = steps_in(workdir, step)
+def read(workdir: Path, step: int | None = None, echo=print) -> tuple[int, dict]:
+  """(step, the saved train state as nested dicts of host arrays) of `step`'s checkpoint in
+  `workdir`, or of its newest readable one: an unreadable one is passed over with one warning
+  line (`echo`), and nothing is moved (a reader changes nothing). A user error where there is
+  none, or where `step`'s cannot be read (naming the readable steps)."""
+  newest = steps_in(workdir, step)
   directory = Path(workdir).absolute() / "checkpoints"
   with ocp.CheckpointManager(directory, item_handlers=ocp.StandardCheckpointHandler()) as manager:
-    state = manager.restore(step, args=ocp.args.StandardRestore())
-  return step, jax.device_get(state)
+    candidates = (
+      [newest] if step else sorted((s for s in manager.all_steps() if s <= newest), reverse=True)
+    )
+    unreadable = []
+    for at in candidates:
+      try:
+        return at, jax.device_get(manager.restore(at, args=ocp.args.StandardRestore()))
+      except Exception as e:  # orbax raises many types for damaged files  # noqa: BLE001
+        unreadable.append(at)
+        if not step:
+          echo(f"warning: {_unreadable(directory, at, e)}; reading the one before it")
+    readable = [s for s in manager.all_steps() if s not in unreadable and _readable(manager, s)]
+  if not step:
+    raise UserError(f"no checkpoint in {directory} is readable; train into a new --workdir")
+  raise UserError(
+    f"the checkpoint at step {step} in {directory} is unreadable ({_steps_said(readable)})"
+    + ("; give one of those with --step, or none for the newest readable" if readable else "")
+  )
+
+
+def _unreadable(directory: Path, step: int, error: Exception) -> str:
+  return (
+    f"the checkpoint at step {step} in {directory} is unreadable ({type(error).__name__}: "
+    f"{str(error)[:200]})"
+  )
+
+
+def _readable(manager, step: int) -> bool:
+  """Whether `step`'s checkpoint's layout reads (its arrays are read when it is used)."""
+  try:
+    manager.item_metadata(step)
+    return True
+  except Exception:  # noqa: BLE001
+    return False
+
+
+def _steps_said(steps: list[int]) -> str:
+  return f"readable: steps {', '.join(map(str, sorted(steps)))}" if steps else "none is readable"
 
 
 def used_params(state: dict):

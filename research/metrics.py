@@ -356,13 +356,23 @@ def image_grid(images: np.ndarray, columns: int = 8) -> np.ndarray:
   return (grid * 255).round().astype(np.uint8)
 
 
+def _step(line: str) -> float:
+  """The step of a record's line (inf for one a kill cut short)."""
+  try:
+    return json.loads(line).get("step", 0)
+  except json.JSONDecodeError:
+    return float("inf")
+
+
 class MetricsLog:
   """Prints records, appends them to metrics.jsonl and writes TensorBoard scalars/images.
 
   Only process 0 writes (`enabled`); `echo` prints a line (tqdm.write while a bar is shown).
   """
 
-  def __init__(self, workdir: str, *, dataset_used: str, enabled: bool = True, echo=print):
+  def __init__(
+    self, workdir: str, *, dataset_used: str, enabled: bool = True, echo=print, resumed_at=0
+  ):
     self.workdir = Path(workdir)
     self.dataset_used = dataset_used
     self.enabled = enabled
@@ -370,7 +380,23 @@ class MetricsLog:
     self.writer = None
     self.point_writers = {}  # a sweep's: {label: the writer of its own run}
     if enabled:
+      self._supersede(resumed_at)
       self.writer = self._writer(self.workdir / "tensorboard")
+
+  def _supersede(self, resumed_at: int) -> None:
+    """A run resumed at step `resumed_at`: the records of later steps (written before a kill,
+    and trained again now) move to metrics_superseded.jsonl, so that metrics.jsonl reads as
+    one run (as TensorBoard drops a resumed run's orphaned steps)."""
+    path = self.workdir / "metrics.jsonl"
+    lines = path.read_text().splitlines(keepends=True) if path.exists() else []
+    later = [not line.endswith("\n") or _step(line) > resumed_at for line in lines]  # or cut
+    if not any(later):
+      return
+    with open(self.workdir / "metrics_superseded.jsonl", "a") as f:
+      f.writelines(line for line, late in zip(lines, later, strict=True) if late)
+    kept = self.workdir / "metrics.jsonl.partial"
+    kept.write_text("".join(line for line, late in zip(lines, later, strict=True) if not late))
+    kept.replace(path)  # whole or not at all
 
   @staticmethod
   def _writer(directory: Path):

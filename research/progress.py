@@ -56,10 +56,12 @@ class Clock:
     """This launch's training time: its wall time less evals and checkpoints."""
     return self.since_launch() - self.all_paused
 
-  def close_interval(self) -> tuple[float, float]:
-    """(training seconds, input wait seconds) since the last record; starts the next interval."""
+  def close_interval(self, close: bool = True) -> tuple[float, float]:
+    """(training seconds, input wait seconds) since the last record; starts the next interval
+    (unless not `close`: the next record's interval holds this one's)."""
     training, input_wait = self.since_interval() - self.paused, self.input_wait
-    self.interval_start, self.input_wait, self.paused = time.perf_counter(), 0.0, 0.0
+    if close:
+      self.interval_start, self.input_wait, self.paused = time.perf_counter(), 0.0, 0.0
     return training, input_wait
 
 
@@ -102,11 +104,19 @@ class Progress:
       or (self.single_process and clock.since_interval() >= self.fields.log_every_seconds)
     )
 
+  def closes(self, step: int) -> bool:
+    """Whether the record at `step` closes its window: every record but the first call's
+    extra one (a launch's first feedback), so that the record at a multiple of
+    `log_every_steps` covers the steps since the one before, on a resumed run as on one run."""
+    first = self.start_step + self.fields.steps_per_call
+    return step != first or step % self.fields.log_every_steps == 0 or step == self.num_steps
+
   def write(self, step: int, in_flight: list, clock: Clock) -> None:
+    """The record of the steps of `in_flight` (those since the last record that closed)."""
     fetched = first_replica(in_flight)  # one fetch; blocks until these steps are done
     if self.fields.steps_per_call > 1:  # each call's metrics [steps, ...]: a dict a step
       fetched = [{n: v[i] for n, v in m.items()} for m in fetched for i in range(len(m["loss"]))]
-    training, input_wait = clock.close_interval()
+    training, input_wait = clock.close_interval(self.closes(step))
     # Each a number, or one per point (seeds, a sweep): their mean is the record's. Every
     # metric the step returns is averaged over the steps since the last record; the norms are
     # the last step's. A sweep's learning rates: each point's.

@@ -157,10 +157,19 @@ def train_and_evaluate(
 
   Returns the final eval record. Raises Preempted after saving a checkpoint on SIGTERM or
   Ctrl-C. A resume on other data than `workdir` recorded is an error unless `allow_data_change`.
+  The launch is the workdir's one writer while it runs (workdir.hold).
   """
-  workdir, is_main = Path(workdir), jax.process_index() == 0
+  try:
+    return _train_and_evaluate(config, Path(workdir), allow_data_change)
+  finally:
+    workdir_lib.release(Path(workdir))
+
+
+def _train_and_evaluate(config, workdir: Path, allow_data_change: bool) -> dict:
+  is_main = jax.process_index() == 0
   fine_tune = config.init_from and not (workdir / "checkpoints").is_dir()  # a resume: never
   training = setup(config, fine_tune=fine_tune)
+  workdir_lib.hold(workdir, only_if_there=True)  # one writer: before a resume reads anything
   started_from = training.started_from
   inputs, num_steps = training.inputs, training.num_steps
   if inputs.fallback_reason and is_main:
@@ -186,9 +195,12 @@ def train_and_evaluate(
   # an axis the step lacks (steps.axis_checked), is an error line
   p_train_step = _compiled_step(training, rstate, first_batch, start_step, extra_times, echo)
   # All checked: from here on we write. This launch trains steps start_step + 1 to num_steps.
+  workdir_lib.hold(workdir)  # a new workdir: made here, its lock taken before the first write
   workdir_lib.prepare(workdir, config, data_identity, (start_step, num_steps))
   bar.update(start_step)
-  log = MetricsLog(workdir, dataset_used=inputs.name, enabled=is_main, echo=echo)
+  log = MetricsLog(
+    workdir, dataset_used=inputs.name, enabled=is_main, echo=echo, resumed_at=start_step
+  )
   if is_main:
     _announce(workdir, config.dataset, training, state, echo, started_from)
   _log_preview(log, training, start_step, first_batch)
@@ -262,7 +274,7 @@ class Loop:
       self.bar.update(k)
       if progress.due(step, clock):
         progress.write(step, in_flight, clock)
-        in_flight = []
+        in_flight = [] if progress.closes(step) else in_flight
         self.profiler.note(step, "a log line")
       self.profiler.after(step, rstate)
       if self.preemption.stop_after(step):  # agreed by all processes: all save this step

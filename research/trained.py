@@ -7,7 +7,10 @@
 view of its eval preprocessing, and prints the training's eval line; with no override it
 reproduces the final eval record. `data_dir` (another folder of the same classes),
 `eval_preprocess` and `eval_batch_size` may be overridden. Each eval's record, with what was
-overridden, is appended to WORKDIR/evals.jsonl; nothing the training reads is touched.
+overridden, is appended to WORKDIR/evals.jsonl (a workdir it cannot write in: a warning line,
+and the exit status is still 0); nothing the training reads is touched. Neither command takes
+the workdir's lock: both read only finished checkpoints, and an unreadable newest one is
+passed over with a warning line (with --step=N, an error line naming the readable steps).
 
 `predict` reads image files (a PATH that is a folder: every image under it), brings each to
 the size the run trained on as its data path does (resident data: shorter side resized,
@@ -209,9 +212,18 @@ def evaluate(workdir, step: int | None = None, overrides=(), point: str | None =
   record["overrides"] = dict(overrides)
   print(format_eval_line(record), flush=True)
   if jax.process_index() == 0:
-    with open(workdir / EVALS, "a") as f:
-      f.write(json.dumps(record) + "\n")
+    _append(workdir / EVALS, record)
   return record
+
+
+def _append(path: Path, record: dict) -> None:
+  """`record` as the last line of `path`; where it cannot be written (a read-only workdir), one
+  warning line: the eval line above is the result, and `eval` still exits 0."""
+  try:
+    with open(path, "a") as f:
+      f.write(json.dumps(record) + "\n")
+  except OSError as e:
+    print(f"warning: the record was not appended to {path} ({e.strerror or e})", file=sys.stderr)
 
 
 def predict(

@@ -8,15 +8,19 @@ against the last launch that trained, and a launch that changed them
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
+import socket
 import time
 from pathlib import Path
 
 import jax
 import ml_collections
+import numpy as np
 
 from research.errors import UserError
+from research.placement import gather_processes
 
 DATA_FILE = "data.json"  # the data a training run's first launch used
 LAUNCHES = "launches.jsonl"  # one record per launch: {"config", "data", "steps", "time"}
@@ -61,6 +65,58 @@ def check_writable(workdir: Path) -> None:
 
 
 NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
+LOCK = ".lock"  # the launch that trains into a workdir holds it (`hold`); it says who
+_HELD = {}  # {workdir: its open lock file}: held for this process's life
+
+
+def hold(workdir: Path, only_if_there: bool = False) -> None:
+  """Makes this launch the workdir's one writer: process 0 takes an exclusive lock on
+  WORKDIR/.lock (flock) for the rest of its life, so that a killed holder frees it at once; a
+  user error naming the holder (host, pid, since when) where another launch has it, in every
+  process of the run (one all-gather). `only_if_there`: only where the workdir exists already
+  (a resume: before it reads its checkpoints); the first write takes it anyway. Every process
+  calls it at the same points; `release` gives it up. On NFS, flock holds only where the
+  server supports it (docs/long_runs.md)."""
+  workdir = Path(workdir).absolute()
+  there = workdir.is_dir()
+  if jax.process_count() > 1:  # one answer for the run
+    there = bool(gather_processes(np.int32(there)).max())
+  if only_if_there and not there:
+    return
+  refused = _take(workdir) if jax.process_index() == 0 else ""
+  if jax.process_count() > 1 and gather_processes(np.int32(bool(refused))).max():
+    refused = refused or f"{workdir} is in use by another launch (process 0 found its lock held)"
+  if refused:
+    raise UserError(f"{refused}; wait for it to end or stop it, or give another --workdir")
+
+
+def release(workdir: Path) -> None:
+  """Gives up the workdir's lock (`hold`), where this process holds it: the launch is done."""
+  lock = _HELD.pop(Path(workdir).absolute(), None)
+  if lock is not None:
+    lock.close()  # closing the file frees its flock
+
+
+def _take(workdir: Path) -> str:
+  """Takes the lock ("") or says who holds it."""
+  if workdir in _HELD:
+    return ""
+  workdir.mkdir(parents=True, exist_ok=True)
+  lock = open(workdir / LOCK, "a+")  # noqa: SIM115  (held open for the process's life)
+  try:
+    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except BlockingIOError:
+    lock.seek(0)
+    holder = lock.read().strip() or "a launch that did not say who it is"
+    lock.close()
+    return f"{workdir} is in use by another launch that trains into it ({holder})"
+  lock.seek(0)
+  lock.truncate()
+  since = time.strftime("%Y-%m-%d %H:%M:%S")
+  lock.write(f"host {socket.gethostname()}, pid {os.getpid()}, since {since}\n")
+  lock.flush()
+  _HELD[workdir] = lock
+  return ""
 
 
 @contextlib.contextmanager

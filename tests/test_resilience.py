@@ -7,6 +7,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -156,7 +157,7 @@ def uninterrupted(uninterrupted_workdir):
   return _final(uninterrupted_workdir)
 
 
-def test_resume_after_sigkill_is_exact(uninterrupted, tmp_path, capsys):
+def test_resume_after_sigkill_is_exact(uninterrupted, uninterrupted_workdir, tmp_path, capsys):
   # The run kills itself once step `kill_at` is logged: by then the checkpoint of step 2 is
   # complete (each save waits for the write before it), and steps are left to take.
   kill_at = random.Random().randint(5, 12)
@@ -170,6 +171,13 @@ def test_resume_after_sigkill_is_exact(uninterrupted, tmp_path, capsys):
   final = _final(tmp_path)
   assert final == uninterrupted, f"killed at step {kill_at}"  # bit-for-bit, the EMA's eval too
   assert _records(tmp_path)[-1]["eval_weights"] == "ema"
+  # metrics.jsonl reads as the one run: the steps logged again after the resume are the only
+  # records of theirs (the first launch's moved aside), each as the uninterrupted run's
+  names = ("step", "loss", "accuracy", "param_norm", "grad_norm", "eval_loss")
+  numbers = lambda workdir: [tuple(r.get(n) for n in names) for r in _records(workdir)]
+  assert numbers(tmp_path) == numbers(uninterrupted_workdir), f"killed at step {kill_at}"
+  superseded = (tmp_path / "metrics_superseded.jsonl").read_text().splitlines()
+  assert [json.loads(line)["step"] for line in superseded] == list(range(resumed + 1, kill_at + 1))
 
 
 @pytest.mark.parametrize(
@@ -282,6 +290,94 @@ def test_unreadable_latest_checkpoint_falls_back_to_the_previous(uninterrupted_w
   assert int(restored.step) == 12
   assert "checkpoint at step 14 is unreadable" in messages[0]
   assert (tmp_path / "checkpoints_unreadable" / "14").is_dir()  # moved aside, not deleted
+
+
+def _corrupt(checkpoint_dir):
+  for f in checkpoint_dir.rglob("*"):
+    if f.is_file():
+      f.write_bytes(b"garbage")
+
+
+def test_no_readable_checkpoint_left_is_one_error_line_never_a_fresh_start(
+  uninterrupted_workdir, tmp_path
+):
+  """The only checkpoint unreadable: moved aside, then one error line saying where and how to
+  start over; a rerun says the same, and the records stay as they were."""
+  shutil.copytree(uninterrupted_workdir, tmp_path, dirs_exist_ok=True)  # checkpoints 10, 12, 14
+  for step in (10, 12):
+    shutil.rmtree(tmp_path / "checkpoints" / str(step))
+  _corrupt(tmp_path / "checkpoints" / "14")
+  records = (tmp_path / "metrics.jsonl").read_text()
+  config = _smoke_config(**{**SETTINGS, "num_train_steps": 16})
+  left = rf"no readable checkpoint is left in {tmp_path}/checkpoints: the unreadable ones are in "
+  for _ in range(2):  # the launch that moves it aside, and the rerun
+    with pytest.raises(UserError, match=left + rf".*to start over, delete {tmp_path} "):
+      train_and_evaluate(config, str(tmp_path))
+  assert (tmp_path / "checkpoints_unreadable" / "14").is_dir()
+  assert (tmp_path / "metrics.jsonl").read_text() == records
+
+
+def test_eval_passes_over_an_unreadable_newest_checkpoint_and_a_named_one_is_an_error(
+  uninterrupted_workdir, tmp_path, capsys
+):
+  from research import trained
+
+  shutil.copytree(uninterrupted_workdir, tmp_path, dirs_exist_ok=True)  # checkpoints 10, 12, 14
+  _corrupt(tmp_path / "checkpoints" / "14")
+  assert trained.evaluate(tmp_path)["step"] == 12
+  out = capsys.readouterr()
+  assert "warning: the checkpoint at step 14 in " in out.out and "reading the one before" in out.out
+  assert "Traceback" not in out.out + out.err
+  with pytest.raises(UserError, match=r"step 14 .* is unreadable \(readable: steps 10, 12\)"):
+    trained.evaluate(tmp_path, step=14)
+  assert (tmp_path / "checkpoints" / "14").is_dir()  # a reader moves nothing
+
+
+def test_eval_of_a_workdir_it_cannot_write_in_prints_its_line_and_one_warning(
+  uninterrupted_workdir, tmp_path, capsys
+):
+  from research import trained
+
+  shutil.copytree(uninterrupted_workdir, tmp_path, dirs_exist_ok=True)
+  (tmp_path / trained.EVALS).mkdir()  # an append there fails as on a read-only filesystem
+  assert trained.main(["eval", str(tmp_path)]) == 0
+  out = capsys.readouterr()
+  assert "eval" in out.out and "Traceback" not in out.err
+  assert f"warning: the record was not appended to {tmp_path / trained.EVALS}" in out.err
+
+
+# A run of ARGS (argv as research.main's) that waits after logging step 2 until WORKDIR/go
+# exists: the test starts a second launch while it holds the workdir.
+PAUSES = """
+import pathlib, sys, time
+from research import main, progress
+workdir = pathlib.Path(next(a for a in sys.argv if a.startswith("--workdir=")).partition("=")[2])
+write = progress.Progress.write
+def paused_write(self, step, *args):
+  write(self, step, *args)
+  while step == 2 and not (workdir / "go").exists():
+    time.sleep(0.05)
+progress.Progress.write = paused_write
+sys.exit(main.main())
+"""
+
+
+def test_a_second_launch_into_a_workdir_in_use_is_one_error_line_and_the_first_runs_clean(
+  tmp_path,
+):
+  from research import main
+
+  first = _start(tmp_path, program=("-c", PAUSES))
+  try:
+    _wait_for_step(tmp_path, 2, first)
+    holder = rf"\(host {re.escape(socket.gethostname())}, pid {first.pid}, since 20\d\d-"
+    with pytest.raises(UserError, match=rf"{tmp_path} is in use by another launch .*{holder}"):
+      main.run(["--config", SMOKE, f"--workdir={tmp_path}", *ARGS])
+  finally:
+    (tmp_path / "go").touch()
+  _finish(first)
+  assert [r["step"] for r in _records(tmp_path) if "loss" in r] == list(range(1, 15))
+  assert len((tmp_path / "launches.jsonl").read_text().splitlines()) == 1
 
 
 def test_a_checkpoint_that_does_not_fit_the_config_is_an_error_and_nothing_moves(
