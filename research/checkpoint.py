@@ -69,6 +69,10 @@ READS = (
 )
 
 
+def _handler():
+  return ocp.StandardCheckpointHandler()  # lets item_metadata read a layout
+
+
 UNREADABLE = "checkpoints_unreadable"  # where a resume moves the checkpoints it cannot read
 
 
@@ -118,8 +122,9 @@ class Checkpoints:
     """
     target = serialization.to_state_dict(state)
     for step in sorted(self.manager.all_steps(), reverse=True):
-      try:
-        saved = _layout(self.manager.item_metadata(step).tree)
+      try:  # by a manager of its own, closed at once: a damaged one leaves no reads running
+        with ocp.CheckpointManager(self.directory, item_handlers=_handler()) as reader:
+          saved = _layout(reader.item_metadata(step).tree)
       except Exception as e:  # orbax raises many types for damaged files  # noqa: BLE001
         self._set_aside(step, e)
         continue
@@ -129,7 +134,8 @@ class Checkpoints:
           f"{problem}; start fresh with a new --workdir (nothing was changed in this one)"
         )
       try:
-        restored = self.manager.restore(step, args=ocp.args.StandardRestore(target))
+        with ocp.CheckpointManager(self.directory, item_handlers=_handler()) as reader:
+          restored = reader.restore(step, args=ocp.args.StandardRestore(target))
       except Exception as e:  # noqa: BLE001
         self._set_aside(step, e)
         continue

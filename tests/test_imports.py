@@ -146,6 +146,7 @@ WHOLE_CONFIG = {
   "research/setup.py: setup",
   "research/setup.py: build_step",  # setup's, for each program the run switches to
   "research/train.py: train_and_evaluate",
+  "research/train.py: _train_and_evaluate",  # its body, inside the workdir's lock
   "research/experiments/conv2d_scaling.py: check_config",
   "research/experiments/conv2d_scaling.py: measure",
   "research/experiments/conv2d_scaling.py: describe",
