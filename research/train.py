@@ -272,13 +272,14 @@ class Loop:
       if len(in_flight) > 1:  # at most 2 calls in flight: the device always has the next one,
         jax.block_until_ready(in_flight[-2])  # and a signal or an error is seen within a call
       self.bar.update(k)
-      if progress.due(step, clock):
+      logged = progress.due(step, clock)
+      if logged:
         progress.write(step, in_flight, clock)
         in_flight = [] if progress.closes(step) else in_flight
         self.profiler.note(step, "a log line")
       self.profiler.after(step, rstate)
       if self.preemption.stop_after(step):  # agreed by all processes: all save this step
-        if in_flight:  # the steps since the last record are recorded first
+        if in_flight and not logged:  # the steps since the last record are recorded first
           progress.write(step, in_flight, clock)
         points = _swept(self.training)
         state = _finite_or_stop(first_replica(rstate), step, self.checkpoints, points)

@@ -101,8 +101,8 @@ def _take(workdir: Path) -> str:
   """Takes the lock ("") or says who holds it."""
   if workdir in _HELD:
     return ""
-  workdir.mkdir(parents=True, exist_ok=True)
-  lock = open(workdir / LOCK, "a+")  # noqa: SIM115  (held open for the process's life)
+  workdir.mkdir(parents=True, exist_ok=True)  # an error here: the run's one line (main.py)
+  lock = open(workdir / LOCK, "a+")  # noqa: SIM115  (held open for the launch's life)
   try:
     fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
   except BlockingIOError:
@@ -110,6 +110,9 @@ def _take(workdir: Path) -> str:
     holder = lock.read().strip() or "a launch that did not say who it is"
     lock.close()
     return f"{workdir} is in use by another launch that trains into it ({holder})"
+  except OSError as e:  # ENOLCK: a filesystem without locks (NFS without its lock service)
+    lock.close()
+    return f"cannot lock {workdir / LOCK} ({e.strerror or e}; docs/long_runs.md)"
   lock.seek(0)
   lock.truncate()
   since = time.strftime("%Y-%m-%d %H:%M:%S")

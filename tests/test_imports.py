@@ -31,7 +31,8 @@ def _imports() -> dict[str, set[str]]:
     found = set()
     for module, names in _named_imports(path):
       submodules = {f"{module}.{n}" for n in names} & modules.keys()
-      found |= submodules | ({module} if len(submodules) < len(names) else set())
+      whole = not names or len(submodules) < len(names)  # `import m`, or names of m itself
+      found |= submodules | ({module} if whole else set())
     graph[name] = {m for m in found if m in modules and m != name}
   return graph
 
