@@ -78,11 +78,12 @@ def hold(workdir: Path, only_if_there: bool = False) -> None:
   calls it at the same points; `release` gives it up. On NFS, flock holds only where the
   server supports it (docs/long_runs.md)."""
   workdir = Path(workdir).absolute()
-  there = workdir.is_dir()
-  if jax.process_count() > 1:  # one answer for the run
-    there = bool(gather_processes(np.int32(there)).max())
-  if only_if_there and not there:
-    return
+  if only_if_there:  # the same at each call in every process: all gather, or none does
+    there = workdir.is_dir()
+    if jax.process_count() > 1:  # one answer for the run
+      there = bool(gather_processes(np.int32(there)).max())
+    if not there:
+      return
   refused = _take(workdir) if jax.process_index() == 0 else ""
   if jax.process_count() > 1 and gather_processes(np.int32(bool(refused))).max():
     refused = refused or f"{workdir} is in use by another launch (process 0 found its lock held)"
